@@ -1,0 +1,49 @@
+"""Device helpers: register-fragment views shared by the SM90 and SM100 kernels.
+
+A WGMMA/UMMA accumulator fragment is laid out per thread as ((2 cols, 2 rows, N/8), M_tiles, N_tiles).
+Softmax and masking want it as (rows, cols); the P·V GEMM wants the P accumulator re-read as an
+A-operand fragment of the 16-bit MMA. Both are pure layout algebra on static layouts: no data moves.
+"""
+
+import cutlass
+import cutlass.cute as cute
+
+
+@cute.jit
+def rows_cols_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """((2c, 2r, N8), M, N) -> ((2r, M), (2c, N8, N)): a (row, col) view of a C fragment."""
+    s0 = acc_layout.shape[0]
+    d0 = acc_layout.stride[0]
+    return cute.make_layout(
+        ((s0[1], acc_layout.shape[1]), (s0[0], s0[2], acc_layout.shape[2])),
+        stride=((d0[1], acc_layout.stride[1]), (d0[0], d0[2], acc_layout.stride[2])),
+    )
+
+
+def rows_cols(acc: cute.Tensor) -> cute.Tensor:
+    """The (row, col) view of an accumulator fragment (same registers)."""
+    return cute.make_tensor(acc.iterator, rows_cols_layout(acc.layout))
+
+
+@cute.jit
+def c_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
+    """((2c, 2r, N8), M, N) -> ((2c, 2r, 2), M, N8/2 * N): a C fragment re-read as a k16 A fragment.
+
+    Valid for 16-bit operands: two neighbouring 8-column groups of S form one 16-wide K block of P.
+    """
+    s0 = acc_layout.shape[0]
+    d0 = acc_layout.stride[0]
+    return cute.make_layout(
+        ((s0[0], s0[1], 2), acc_layout.shape[1], (s0[2] // 2, acc_layout.shape[2])),
+        stride=((d0[0], d0[1], d0[2]), acc_layout.stride[1], (d0[2] * 2, acc_layout.stride[2])),
+    )
+
+
+def convert_to_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
+    """Round an fp32 accumulator to `dtype` and return it viewed as an A-operand fragment."""
+    op = cute.make_rmem_tensor(acc.layout, dtype)
+    op.store(acc.load().to(dtype))
+    return cute.make_tensor(op.iterator, c_as_a_layout(acc.layout))
+
+
+__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "convert_to_operand", "cutlass"]
