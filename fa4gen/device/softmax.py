@@ -10,7 +10,7 @@ Each row is shared by a quad of 4 neighbouring lanes, so reductions finish with 
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from fa4gen.device import polyexp
 
@@ -27,75 +27,102 @@ def quad_sum(x: Float32) -> Float32:
     return x + cute.arch.shuffle_sync_bfly(x, offset=1)
 
 
+class RowState:
+    """Per-thread softmax statistics of the rows a thread holds (fp32 registers)."""
+
+    def __init__(self, row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor):
+        self.row_max = row_max  # running max, raw score units (-inf until a row sees a key)
+        self.row_sum = row_sum  # this thread's partial sum of exp2 values
+        self.row_scale = row_scale  # last step's O rescale factor per row
+
+    @staticmethod
+    def create(n_rows: int) -> "RowState":
+        state = RowState(*(cute.make_rmem_tensor((n_rows,), Float32) for _ in range(3)))
+        state.row_max.fill(-Float32.inf)
+        state.row_sum.fill(0.0)
+        return state
+
+
+@cute.jit
+def apply_softcap(s: cute.Tensor, pre: Float32):
+    """s = tanh(s * pre); the cap itself is folded into scale_log2 by the caller."""
+    for e in cutlass.range_constexpr(cute.size(s)):
+        s[e] = cute.math.tanh(s[e] * pre, fastmath=True)
+
+
+@cute.jit
+def mask_columns(s: cute.Tensor, coords: cute.Tensor, limit: Int32):
+    """-inf for columns at or past `limit` (tile-local): the ragged last key block."""
+    for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        if coords[0, c][1] >= limit:
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                s[r, c] = -Float32.inf
+
+
 @cute.jit
 def online_softmax_step(
     s: cute.Tensor,
-    row_max: cute.Tensor,
-    row_sum: cute.Tensor,
-    row_scale: cute.Tensor,
+    rows: RowState,
     scale_log2: Float32,
     *,
-    is_first: cutlass.Constexpr[bool],
     threshold: cutlass.Constexpr[float],
     poly_every: cutlass.Constexpr[int],
     poly_coeffs: cutlass.Constexpr[tuple],
 ):
     """Turn scores `s` (row, col view, fp32) into unnormalized probabilities in place.
 
-    Updates `row_max` / `row_sum` (per-thread partial sums) and writes the factor by which the
-    caller must rescale its O rows into `row_scale` (1.0 when the max was kept).
+    Updates the running max and partial sums in `rows` and leaves in `rows.row_scale` the factor
+    by which the caller must rescale its O rows (1.0 when the max was kept).
     `poly_every` = k > 0 evaluates every k-th exp2 of a row with the FMA polynomial instead of MUFU.
     """
-    n_rows = cute.size(s, mode=[0])
-    n_cols = cute.size(s, mode=[1])
-    for r in cutlass.range_constexpr(n_rows):
+    row_max, row_sum, row_scale = rows.row_max, rows.row_sum, rows.row_scale
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         tile_max = s[r, 0]
-        for c in cutlass.range_constexpr(1, n_cols):
+        for c in cutlass.range_constexpr(1, cute.size(s, mode=[1])):
             tile_max = cute.arch.fmax(tile_max, s[r, c])
         tile_max = quad_max(tile_max)
         old_max = row_max[r]
-        new_max = tile_max
+        new_max = cute.arch.fmax(old_max, tile_max)
         scale = Float32(1.0)
-        if cutlass.const_expr(is_first):
-            row_max[r] = new_max
-        else:
-            new_max = cute.arch.fmax(old_max, tile_max)
-            # Moves to -inf..finite give +inf > threshold; -inf..-inf gives NaN, which keeps the max.
-            if (new_max - old_max) * scale_log2 > threshold:
-                scale = cute.math.exp2((old_max - new_max) * scale_log2, fastmath=True)
-                row_max[r] = new_max
-        cur_max = row_max[r]
+        cur_max = old_max
+        # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
+        if (new_max - old_max) * scale_log2 > threshold:
+            scale = cute.math.exp2((old_max - new_max) * scale_log2, fastmath=True)
+            cur_max = new_max
+        row_max[r] = cur_max
         max_scaled = cur_max * scale_log2
         if cur_max == -Float32.inf:
             max_scaled = Float32(0.0)
         acc = Float32(0.0)
-        for c in cutlass.range_constexpr(n_cols):
+        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
             x = s[r, c] * scale_log2 - max_scaled
             if cutlass.const_expr(poly_every > 0 and c % poly_every == poly_every - 1):
                 s[r, c] = polyexp.exp2_poly(x, poly_coeffs)
             else:
                 s[r, c] = cute.math.exp2(x, fastmath=True)
             acc += s[r, c]
-        if cutlass.const_expr(is_first):
-            row_sum[r] = acc
-        else:
-            row_sum[r] = row_sum[r] * scale + acc
+        row_sum[r] = row_sum[r] * scale + acc
         row_scale[r] = scale
 
 
 @cute.jit
-def rescale_rows(o: cute.Tensor, row_scale: cute.Tensor):
+def rescale_rows(o: cute.Tensor, rows: RowState):
     """O rows *= row_scale (o is a (row, col) view)."""
+    row_scale = rows.row_scale
     for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
             o[r, c] = o[r, c] * row_scale[r]
 
 
 @cute.jit
-def finalize(o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, lse: cute.Tensor, scale_log2: Float32):
-    """Normalize O rows by their sums; write the natural-log LSE per row (-inf for empty rows, O = 0)."""
+def finalize(o: cute.Tensor, rows: RowState, scale_log2: Float32) -> cute.Tensor:
+    """Normalize O rows by their sums; return the natural-log LSE per row (-inf, and O = 0, for
+    rows that saw no key)."""
     ln2 = 0.6931471805599453
-    for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+    n_rows = cute.size(o, mode=[0])
+    lse = cute.make_rmem_tensor((n_rows,), Float32)
+    row_max, row_sum = rows.row_max, rows.row_sum
+    for r in cutlass.range_constexpr(n_rows):
         total = quad_sum(row_sum[r])
         inv = Float32(0.0)
         lse[r] = -Float32.inf
@@ -104,3 +131,4 @@ def finalize(o: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, lse: cu
             lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * ln2
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
             o[r, c] = o[r, c] * inv
+    return lse

@@ -1,0 +1,1 @@
+"""API stage: the runtime behind every generated package's `attention()` (fa4gen.api.runtime)."""

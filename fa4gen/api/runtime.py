@@ -1,0 +1,206 @@
+"""API stage: what a generated package's `attention()` calls — input checks, compile-on-first-use
+through the disk cache, and the launch.
+
+Conventions are flash_attn_func's: q (batch, seqlen_q, heads, head_dim), k/v (batch, seqlen_k,
+kv_heads, head_dim[_v]), GQA/MQA when kv_heads divides heads; the LSE is (batch, heads, seqlen_q)
+fp32 in natural log. Every bad argument raises ValueError/TypeError naming the argument and what
+was expected, before anything is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fa4gen.compile.cache import DiskCache
+from fa4gen.compile.generated import compile_generated
+
+LOG2_E = math.log2(math.e)
+CAPABILITY_TO_ARCH = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100"}
+GRID_LIMIT = 65535
+
+log = logging.getLogger("fa4gen")
+if not log.handlers and os.environ.get("FA4GEN_QUIET", "") != "1":
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("fa4gen: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def _fail(message: str, kind=ValueError):
+    raise kind(message)
+
+
+def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}", TypeError)
+    if t.device.type != "cuda":
+        _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
+    if t.dtype != dtype:
+        _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}", TypeError)
+    if t.dim() != 4:
+        _fail(f"{name}: expected 4 dims (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    if t.shape[-1] != last_dim:
+        _fail(f"{name}: expected head_dim {last_dim} (from the spec), got {t.shape[-1]}")
+    if t.stride(-1) != 1:
+        _fail(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}; call .contiguous()")
+
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """TMA needs 16-byte aligned base and strides; other layouts get a contiguous copy."""
+    aligned = t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    return t if aligned else t.contiguous()
+
+
+class ForwardOp:
+    """The forward of one generated package: plans from its spec.lock.json, kernels per arch."""
+
+    def __init__(self, package_file: str, package_name: str):
+        self.dir = Path(package_file).resolve().parent
+        self.package = package_name
+        lock = json.loads((self.dir / "spec.lock.json").read_text())
+        self.spec = lock["spec"]
+        self.name = self.spec["name"]
+        self.plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "fwd"}
+        self.unavailable = lock.get("unavailable_targets", {})
+        self._functions: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- compile / load -------------------------------------------------------------------
+    def arch_for(self, device: torch.device) -> str:
+        cap = torch.cuda.get_device_capability(device)
+        arch = CAPABILITY_TO_ARCH.get(cap)
+        if arch in self.plans:
+            return arch
+        why = self.unavailable.get(arch, "") if arch else ""
+        _fail(
+            f"{self.name}: no kernel for this GPU (compute capability {cap[0]}.{cap[1]}, "
+            f"{arch or 'unsupported arch'}); this package has kernels for {sorted(self.plans) or 'no arch'}"
+            + (f" ({arch}: {why})" if why else ""),
+            RuntimeError,
+        )
+
+    def function(self, arch: str):
+        fn = self._functions.get(arch)
+        if fn is not None:
+            return fn
+        with self._lock:
+            if arch not in self._functions:
+                plan = self.plans[arch]
+                start = time.perf_counter()
+                result = compile_generated(
+                    self.dir / f"{plan['module']}.py", f"{self.package}.{plan['module']}", plan, cache=DiskCache()
+                )
+                took = time.perf_counter() - start
+                if result.cache_hit:
+                    log.info("loaded %s for %s from the disk cache (%.0f ms)", self.name, plan["cute_arch"], took * 1e3)
+                else:
+                    log.info("compiling %s for %s ... done in %.1f s", self.name, plan["cute_arch"], took)
+                self._functions[arch] = result.function
+        return self._functions[arch]
+
+    # -- call -----------------------------------------------------------------------------
+    def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if isinstance(t, torch.Tensor) and torch.is_grad_enabled() and t.requires_grad:
+                _fail(
+                    f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
+                    "run under torch.no_grad() or build a spec with backward: true",
+                    RuntimeError,
+                )
+        plan = next(iter(self.plans.values()), None)
+        if plan is None:
+            _fail(f"{self.name}: this package has no kernels ({self.unavailable})", RuntimeError)
+        dtype = getattr(torch, plan["torch_dtype"])
+        check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"])
+        check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"])
+        check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"])
+        arch = self.arch_for(q.device)
+        plan = self.plans[arch]
+        self._check_shapes(q, k, v, plan)
+        if return_lse and not plan["write_lse"]:
+            _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
+        scale = self._scale(softmax_scale, plan)
+        b, s_q, h, _ = q.shape
+        out = torch.empty((b, s_q, h, plan["head_dim_v"]), dtype=dtype, device=q.device)
+        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
+        if out.numel() == 0 or k.shape[1] == 0:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
+            return (out, lse) if return_lse else out
+        args = [tma_ready(q), tma_ready(k), tma_ready(v), out]
+        if lse is not None:
+            args.append(lse)
+        args += self._runtime_args(plan, scale, window, chunk_size)
+        fn = self.function(arch)
+        with torch.cuda.device(q.device):
+            fn(*args)
+        return (out, lse) if return_lse else out
+
+    def _check_shapes(self, q, k, v, plan) -> None:
+        if not (q.device == k.device == v.device):
+            _fail(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
+        if not (q.shape[0] == k.shape[0] == v.shape[0]):
+            _fail(f"k, v: expected batch {q.shape[0]} like q, got {k.shape[0]} and {v.shape[0]}")
+        if k.shape[1] != v.shape[1]:
+            _fail(f"v: expected seqlen_k {k.shape[1]} like k, got {v.shape[1]}")
+        if k.shape[2] != v.shape[2]:
+            _fail(f"v: expected {k.shape[2]} kv heads like k, got {v.shape[2]}")
+        h, h_kv = q.shape[2], k.shape[2]
+        if h_kv == 0 or h % h_kv:
+            _fail(f"k: kv heads ({h_kv}) must divide q heads ({h})")
+        if h != h_kv and not plan["allow_gqa"]:
+            _fail(f"k: spec {self.name} has allow_gqa: false, so k/v need {h} heads like q, got {h_kv}")
+        if q.shape[0] > GRID_LIMIT or h > GRID_LIMIT:
+            _fail(f"q: batch and heads must be <= {GRID_LIMIT}, got {q.shape[0]} and {h}")
+
+    @staticmethod
+    def _scale(softmax_scale, plan) -> float:
+        if softmax_scale is None:
+            return 1.0 / math.sqrt(plan["head_dim"])
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            _fail(f"softmax_scale: expected a positive float, got {softmax_scale!r}", TypeError)
+        if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+            _fail(f"softmax_scale: expected a positive finite float, got {softmax_scale!r}")
+        return float(softmax_scale)
+
+    @staticmethod
+    def _runtime_args(plan, scale, window, chunk_size) -> list:
+        softcap = plan["softcap"]
+        args: list = [softcap * LOG2_E if softcap > 0 else scale * LOG2_E]
+        if softcap > 0:
+            args.append(scale / softcap)
+        if plan["local"]:
+            left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
+            args += [left, right]
+        elif window is not None:
+            _fail(f"window: this spec's mask is {plan['mask_kind']!r}; window applies to sliding_window specs only")
+        if plan["chunked"]:
+            chunk = plan["chunk_size"] if chunk_size is None else chunk_size
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+                _fail(f"chunk_size: expected an int >= 1, got {chunk!r}")
+            args.append(chunk)
+        elif chunk_size is not None:
+            _fail(f"chunk_size: this spec's mask is {plan['mask_kind']!r}; chunk_size applies to chunked specs only")
+        return args
+
+
+def _window(window) -> tuple[int, int]:
+    ok = isinstance(window, (tuple, list)) and len(window) == 2
+    ok = ok and all(isinstance(w, int) and not isinstance(w, bool) and -1 <= w < 2**31 for w in window)
+    if not ok:
+        _fail(f"window: expected (left, right) ints >= 0, or -1 for unbounded, got {window!r}")
+    if window[0] == -1 and window[1] == -1:
+        _fail("window: at least one side must be bounded; (-1, -1) is no mask at all")
+    return int(window[0]), int(window[1])

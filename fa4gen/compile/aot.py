@@ -1,0 +1,235 @@
+"""Compile stage: ahead-of-time compile of one kernel, through the on-disk cache.
+
+What CuTe-DSL 4.8.1 does, and what this module relies on:
+
+* Environment variables (``CUTE_DSL_ARCH``, ``CUTE_DSL_KEEP``, ``CUTE_DSL_DUMP_DIR``, ...)
+  are read once, at ``import cutlass``: the DSL singleton builds its
+  ``EnvironmentVarManager`` eagerly and the getters are ``lru_cache``-d. Setting
+  ``os.environ`` after that import changes nothing. The manager's ``arch`` is a property
+  with a setter (and a deleter for ``mock.patch`` teardown), so :func:`target_arch` sets
+  ``CuTeDSL._get_dsl().envar.arch`` for the duration of the compile instead. The
+  per-compile option ``cute.compile(..., options="--gpu-arch sm_90a")`` also works and
+  wins over ``envar.arch``. Without a GPU and without either, the arch defaults to
+  sm_100a (driver probe fails; detection falls back to 10.0 and appends "a" for >= 9).
+* The cubin: ``compiled.__cubin__`` is None unless cubin keeping is on (``CUTE_DSL_KEEP=cubin``
+  at import, or ``options="--keep-cubin --dump-dir D"``, which writes
+  ``D/<mangled>.<arch>.cubin`` and reads it back). We need no dump folder: the object
+  that ``compiled.export_to_c(object_file_path=..., function_name=...)`` writes (TVM-FFI
+  flavor, needs ``options="--enable-tvm-ffi"``) embeds the cubin byte-for-byte, and
+  :func:`fa4gen.compile.elf.extract_cubins` finds it. That also works on a cache hit.
+* Loading: ``cute.runtime.load_module(path, enable_tvm_ffi=True)`` JIT-links the object
+  (no GPU needed to load; calling needs one) and ``getattr(module, EXPORT_NAME)`` is a
+  ``tvm_ffi.Function`` that keeps the engine alive. Objects exported under the same name
+  load side by side. FA4 preloads the runtime libraries with ``RTLD_GLOBAL`` against
+  undefined symbols; we do the same once (not needed on 4.8.1 CPU-only in our tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import re
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from fa4gen.compile.cache import DiskCache, Entry, FA4GenCacheWarning
+from fa4gen.compile.elf import cubin_arch, extract_cubins
+from fa4gen.compile.sass import disassemble, resource_usage, summarize_sass
+
+#: Symbol every kernel is exported under; one object holds one kernel, so it never clashes.
+EXPORT_NAME = "fa4gen_kernel"
+SASS_FILE = "kernel.sass"
+
+_ARCH_RE = re.compile(r"^sm_(?P<sm>\d+)(?P<suffix>[af]?)$")
+_COMPILE_LOCK = threading.RLock()
+_runtime_preloaded = False
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """A compiled (or cache-loaded) kernel.
+
+    ``seconds`` is the ``build_fn`` time on a miss and the load time on a hit. ``meta`` holds
+    ``registers``, ``smem_static``, ``smem_dynamic`` (None), ``stack_frame``,
+    ``spill_stores``/``spill_loads`` (None without SASS), ``kernels`` (per-function table),
+    ``cubin_arch``, ``compile_seconds`` and, with ``keep_sass``, ``sass`` (the
+    :class:`~fa4gen.compile.sass.SassSummary` dict); plus ``name``/``arch``. ``sass_text``
+    is the full listing when ``keep_sass`` was asked for.
+    """
+
+    name: str
+    arch: str
+    seconds: float
+    cache_hit: bool
+    key: str | None
+    meta: dict[str, Any] = field(compare=False, hash=False)
+    function: Callable[..., Any] = field(compare=False, hash=False, repr=False)
+    sass_text: str | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+def _check_arch(arch: str) -> re.Match[str]:
+    match = _ARCH_RE.match(arch)
+    if not match:
+        raise ValueError(f"arch must look like 'sm_90a' or 'sm_100a', got {arch!r}")
+    return match
+
+
+@contextlib.contextmanager
+def target_arch(arch: str) -> Iterator[None]:
+    """Make CuTe-DSL compile for ``arch`` inside the block (thread-safe, restores on exit)."""
+    _check_arch(arch)
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    envar = CuTeDSL._get_dsl().envar
+    with _COMPILE_LOCK:
+        # Read the stored value, not the property: the property would probe the driver.
+        previous = vars(envar).get("_arch")
+        envar.arch = arch
+        try:
+            yield
+        finally:
+            envar.arch = previous
+
+
+def _preload_runtime() -> None:
+    global _runtime_preloaded
+    if _runtime_preloaded:
+        return
+    import cutlass.cute as cute
+
+    for lib in cute.runtime.find_runtime_libraries(enable_tvm_ffi=False):
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    _runtime_preloaded = True
+
+
+def load_cached(entry: Entry) -> Callable[..., Any]:
+    """The kernel stored in ``entry`` as a callable ``tvm_ffi.Function``."""
+    import cutlass.cute as cute
+
+    _preload_runtime()
+    module = cute.runtime.load_module(str(entry.artifact_path), enable_tvm_ffi=True)
+    return getattr(module, EXPORT_NAME)
+
+
+def export_object(compiled: Any, path: Path) -> None:
+    """Write ``compiled`` (a TVM-FFI ``cute.compile`` result) as a relocatable object."""
+    export = getattr(compiled, "export_to_c", None)
+    if export is None or "object_file_path" not in inspect.signature(export).parameters:
+        raise TypeError(
+            "build_fn must return cute.compile(..., options='--enable-tvm-ffi ...'); "
+            f"got {type(compiled).__name__}, which cannot be exported as a TVM-FFI object"
+        )
+    export(object_file_path=str(path), function_name=EXPORT_NAME)
+
+
+def inspect_object(obj: bytes, *, arch: str | None = None, keep_sass: bool) -> tuple[dict[str, Any], str | None]:
+    """Resource usage (and SASS summary) of an exported object: ``(meta, sass_text)``.
+
+    With ``arch``, checks that the embedded cubin was built for it.
+    """
+    cubins = extract_cubins(obj)
+    if not cubins:
+        raise RuntimeError("the exported object embeds no cubin")
+    built_for = cubin_arch(cubins[0])
+    if arch is not None:
+        want = _check_arch(arch)
+        got = _check_arch(built_for)
+        if got["sm"] != want["sm"] or (want["suffix"] == "a" and got["suffix"] != "a"):
+            raise RuntimeError(f"asked to compile for {arch}, but the cubin targets {built_for}")
+    sass_text = "\n".join(disassemble(c) for c in cubins) if keep_sass else None
+    usage = resource_usage(obj, sass=sass_text, disassemble_missing=False)
+    meta = {k: v for k, v in usage.items() if k != "arch"}
+    meta["cubin_arch"] = built_for
+    if sass_text is not None:
+        meta["sass"] = summarize_sass(sass_text).to_dict()
+    return meta, sass_text
+
+
+def compile_kernel(
+    *,
+    build_fn: Callable[[], Any],
+    arch: str,
+    name: str,
+    cache: DiskCache | None,
+    key: str | None,
+    keep_sass: bool,
+) -> CompileResult:
+    """Compile ``build_fn()`` for ``arch`` (no GPU needed), or load it from ``cache``.
+
+    ``build_fn`` is zero-argument and returns ``cute.compile(fn, *fake_args,
+    options="--enable-tvm-ffi")``; it runs under :func:`target_arch`. On a miss the
+    object is exported, inspected (registers, smem, stack; SASS summary with
+    ``keep_sass``) and stored under ``key``; a cache that cannot be written is warned
+    about and skipped. On a hit the stored object is loaded; with ``keep_sass`` and an
+    entry stored without SASS, the SASS is computed from the stored cubin and the entry
+    is updated.
+    """
+    _check_arch(arch)
+    use_cache = cache is not None and key is not None
+    if use_cache:
+        hit = _try_hit(cache, key, arch=arch, name=name, keep_sass=keep_sass)
+        if hit is not None:
+            return hit
+
+    with target_arch(arch):
+        start = time.perf_counter()
+        compiled = build_fn()
+        seconds = time.perf_counter() - start
+
+    with tempfile.TemporaryDirectory(prefix="fa4gen-aot-") as tmp:
+        obj_path = Path(tmp) / "artifact.o"
+        export_object(compiled, obj_path)
+        obj = obj_path.read_bytes()
+    meta, sass_text = inspect_object(obj, arch=arch, keep_sass=keep_sass)
+    meta.update(name=name, arch=arch, compile_seconds=round(seconds, 3))
+    if use_cache:
+        extras = {SASS_FILE: sass_text} if sass_text is not None else None
+        try:
+            meta = cache.put(key, obj, meta, extras=extras).meta
+        except OSError as err:
+            warnings.warn(f"fa4gen cache at {cache.root} not written ({err})", FA4GenCacheWarning, stacklevel=2)
+    return CompileResult(
+        name=name, arch=arch, seconds=seconds, cache_hit=False, key=key,
+        meta=meta, function=compiled, sass_text=sass_text,
+    )
+
+
+def _try_hit(cache: DiskCache, key: str, *, arch: str, name: str, keep_sass: bool) -> CompileResult | None:
+    entry = cache.get(key)
+    if entry is None:
+        return None
+    if entry.meta.get("arch") != arch:
+        warnings.warn(
+            f"fa4gen cache entry {key} was built for {entry.meta.get('arch')}, not {arch}; rebuilding",
+            FA4GenCacheWarning,
+            stacklevel=3,
+        )
+        return None
+    start = time.perf_counter()
+    try:
+        function = load_cached(entry)
+    except Exception as err:  # a verified object the runtime will not link: rebuild it
+        warnings.warn(f"fa4gen cache entry {key} does not load ({err}); rebuilding", FA4GenCacheWarning, stacklevel=3)
+        return None
+    seconds = time.perf_counter() - start
+    meta, sass_text = entry.meta, None
+    if keep_sass:
+        if SASS_FILE in meta.get("files", {}):
+            sass_text = entry.file(SASS_FILE).read_text(encoding="utf-8")
+        else:
+            obj = entry.artifact_path.read_bytes()
+            fresh, sass_text = inspect_object(obj, keep_sass=True)
+            meta = {**meta, **fresh}
+            with contextlib.suppress(OSError):
+                meta = cache.put(key, obj, meta, extras={SASS_FILE: sass_text}).meta
+    return CompileResult(
+        name=name, arch=arch, seconds=seconds, cache_hit=True, key=key,
+        meta=meta, function=function, sass_text=sass_text,
+    )

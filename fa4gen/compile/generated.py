@@ -1,0 +1,64 @@
+"""Compile stage: compile one generated kernel module (generated/<name>/<module>.py) through the cache.
+
+A generated kernel module defines the kernel class named by its plan and `fake_arguments()`;
+compiling it needs no GPU. The cache key covers the module's text, every device-helper source,
+the installed CuTe-DSL/TVM-FFI versions, the arch and the compile options.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping
+
+from fa4gen.compile.aot import CompileResult, compile_kernel
+from fa4gen.compile.cache import DiskCache, cache_key, device_helper_sources
+
+COMPILE_OPTIONS = "--enable-tvm-ffi"
+
+
+def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
+    """Import a generated kernel module from its file (works for packages outside sys.path)."""
+    if qualified_name in sys.modules:
+        return sys.modules[qualified_name]
+    spec = importlib.util.spec_from_file_location(qualified_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[qualified_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[qualified_name]
+        raise
+    return module
+
+
+def kernel_cache_key(source: str, cute_arch: str) -> str:
+    return cache_key(
+        source=source, helper_sources=device_helper_sources(), arch=cute_arch, options={"options": COMPILE_OPTIONS}
+    )
+
+
+def compile_generated(
+    path: Path, qualified_name: str, plan: Mapping[str, Any], *, cache: DiskCache | None, keep_sass: bool = False
+) -> CompileResult:
+    """Compile (or load from `cache`) the kernel in `path` for the plan's arch."""
+    source = Path(path).read_text()
+    module = import_kernel_module(Path(path), qualified_name)
+
+    def build():
+        import cutlass.cute as cute
+
+        kernel = getattr(module, plan["class_name"])()
+        return cute.compile(kernel, *module.fake_arguments(), options=COMPILE_OPTIONS)
+
+    return compile_kernel(
+        build_fn=build,
+        arch=plan["cute_arch"],
+        name=f"{plan['name']}.{plan['module']}",
+        cache=cache,
+        key=kernel_cache_key(source, plan["cute_arch"]) if cache is not None else None,
+        keep_sass=keep_sass,
+    )

@@ -1,0 +1,28 @@
+"""Device helpers: fake (shape-only) arguments for ahead-of-time compilation without a GPU.
+
+Batch, sequence lengths and head counts are symbolic, so one compile serves every shape; strides
+are symbolic multiples of 8 elements (16 bytes, what TMA needs) with a unit last-dim stride.
+"""
+
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute import runtime
+
+
+def _stride():
+    return cute.sym_int64(divisibility=8)
+
+
+def bshd(dtype, b, s, h, d: int):
+    """A (batch, seqlen, heads, head_dim) tensor, last dim contiguous, 16-byte aligned."""
+    return runtime.make_fake_tensor(dtype, (b, s, h, d), (_stride(), _stride(), _stride(), 1), assumed_align=16)
+
+
+def bhs_lse(b, h, s):
+    """The fp32 (batch, heads, seqlen_q) log-sum-exp tensor, contiguous."""
+    return runtime.make_fake_compact_tensor(Float32, (b, h, s), stride_order=(2, 1, 0), assumed_align=4)
+
+
+def stream():
+    """The caller's current CUDA stream, picked up at call time through TVM-FFI."""
+    return runtime.make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -1,0 +1,145 @@
+"""Plan stage: rules that resolve a spec into an SM90 (Hopper) forward KernelPlan.
+
+Warp roles: one producer warpgroup (its first warp issues every TMA load) and two consumer
+warpgroups of 64 query rows each (tile_m = 128), which run S = Q·Kᵀ and O += P·V on WGMMA with P
+fed from registers. Budgets checked here: shared memory per CTA (227 KB opt-in on H100/H200) and
+the consumer register budget under setmaxnreg.
+"""
+
+from __future__ import annotations
+
+from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
+from fa4gen.plan.polyfit import fit_exp2
+from fa4gen.spec import AttentionSpec
+
+SMEM_BUDGET = 227 * 1024
+REG_FILE = 64 * 1024
+REGS_PRODUCER = 24
+REGS_CONSUMER = 240
+NUM_MMA_WARPGROUPS = 2
+# Registers a consumer thread needs besides the S/P/O fragments (addresses, row stats, loop state);
+# measured from ptxas on the d128 kernel and rounded up.
+REGS_OVERHEAD = 40
+DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
+AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
+
+
+def _auto_tile_n(head_dim: int) -> int:
+    for limit in sorted(AUTO_TILE_N):
+        if head_dim <= limit:
+            return AUTO_TILE_N[limit]
+    return 80
+
+
+def _poly(spec: AttentionSpec):
+    share = spec.pipeline.poly_exp.share
+    fit = fit_exp2(spec.pipeline.poly_exp.degree)
+    every = 0 if share == 0.0 else max(1, round(1.0 / share))
+    return every, (0.0 if every == 0 else 1.0 / every), fit
+
+
+def plan_forward(spec: AttentionSpec) -> KernelPlan:
+    problems = []
+    p = spec.pipeline
+    tile_m = 64 * NUM_MMA_WARPGROUPS
+    if p.tile_m != "auto" and p.tile_m != tile_m:
+        problems.append(problem(
+            "pipeline.tile_m",
+            f"the sm90 family runs {NUM_MMA_WARPGROUPS} consumer warpgroups of 64 rows, so tile_m must be "
+            f"{tile_m} or 'auto' (got {p.tile_m})",
+        ))
+    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
+    kv_stages = 2 if p.kv_stages == "auto" else p.kv_stages
+    if spec.head_dim_v > spec.head_dim:
+        problems.append(problem(
+            "head_dim_v", f"the sm90 epilogue reuses the Q buffer for O, so head_dim_v must be <= head_dim "
+            f"(got {spec.head_dim_v} > {spec.head_dim})",
+        ))
+    if spec.head_dim % 16 or spec.head_dim_v % 16:
+        problems.append(problem(
+            "head_dim", f"WGMMA consumes K in steps of 16, so sm90 needs head dims that are multiples of 16 "
+            f"(got {spec.head_dim}/{spec.head_dim_v})",
+        ))
+    if spec.varlen:
+        problems.append(problem("varlen", "varlen is not available in the sm90 family yet (planned in issue #3)"))
+    if spec.backward:
+        problems.append(problem("backward", "the sm90 backward kernels are not available yet (planned in issue #4)"))
+
+    elem = 2
+    smem = (
+        tile_m * spec.head_dim * elem
+        + kv_stages * tile_n * (spec.head_dim + spec.head_dim_v) * elem
+        + (1 + 2 * kv_stages) * 2 * 8
+    )
+    regs = spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
+    reg_file = 128 * REGS_PRODUCER + 128 * NUM_MMA_WARPGROUPS * REGS_CONSUMER
+    budgets = (
+        Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
+        Budget("consumer registers per thread (estimate)", regs, REGS_CONSUMER, "regs"),
+        Budget("register file per SM", reg_file, REG_FILE, "regs"),
+    )
+    if smem > SMEM_BUDGET:
+        problems.append(problem(
+            "pipeline", f"shared memory budget exceeded: Q {tile_m}x{spec.head_dim} + {kv_stages} stages of "
+            f"K/V {tile_n}x({spec.head_dim}+{spec.head_dim_v}) need {smem} bytes > {SMEM_BUDGET} (227 KB per CTA "
+            "on sm90); lower pipeline.tile_n or pipeline.kv_stages",
+        ))
+    if regs > REGS_CONSUMER:
+        problems.append(problem(
+            "pipeline.tile_n", f"consumer register budget exceeded: O ({spec.head_dim_v // 2}) + S ({tile_n // 2}) + "
+            f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {REGS_CONSUMER}; lower pipeline.tile_n",
+        ))
+    if problems:
+        raise PlanError(f"{spec.name} [sm90]", problems)
+
+    every, share, fit = _poly(spec)
+    mask = spec.mask
+    kind = mask.kind
+    ping_pong = True if p.ping_pong == "auto" else p.ping_pong
+    notes = []
+    if p.ping_pong == "auto":
+        notes.append("ping_pong auto -> on (FA3's choice for 2 consumer warpgroups; to be measured)")
+    if every:
+        notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> every {every}th exp2 of a row "
+                     f"(actual share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
+    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
+    return KernelPlan(
+        name=spec.name,
+        arch="sm90",
+        cute_arch="sm_90a",
+        direction="fwd",
+        module="fwd_sm90",
+        class_name="FlashFwdSm90",
+        dtype=spec.dtype,
+        cutlass_dtype=cutlass_dtype,
+        torch_dtype=torch_dtype,
+        head_dim=spec.head_dim,
+        head_dim_v=spec.head_dim_v,
+        tile_m=tile_m,
+        tile_n=tile_n,
+        kv_stages=kv_stages,
+        num_mma_warpgroups=NUM_MMA_WARPGROUPS,
+        threads=128 * (NUM_MMA_WARPGROUPS + 1),
+        regs_producer=REGS_PRODUCER,
+        regs_consumer=REGS_CONSUMER,
+        ping_pong=ping_pong,
+        scheduler="grid",
+        mask_kind=kind,
+        causal=kind == "causal",
+        local=kind == "sliding_window",
+        chunked=kind == "chunked",
+        window_left=-1 if kind != "sliding_window" or mask.left is None else mask.left,
+        window_right=-1 if kind != "sliding_window" or mask.right is None else mask.right,
+        chunk_size=mask.chunk_size if kind == "chunked" else 0,
+        softcap=float(spec.softcap),
+        rescale_threshold=float(p.rescale_threshold),
+        poly_every=every,
+        poly_share=share,
+        poly_degree=fit.degree,
+        poly_coeffs=fit.coeffs,
+        poly_max_rel_error=fit.max_rel_error,
+        write_lse=spec.return_lse or spec.backward,
+        allow_gqa=spec.allow_gqa,
+        budgets=budgets,
+        notes=tuple(notes),
+    )
