@@ -110,7 +110,7 @@ class ForwardOp:
         return self._functions[arch]
 
     # -- call -----------------------------------------------------------------------------
-    def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False):
+    def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
         for name, t in (("q", q), ("k", k), ("v", v)):
             if isinstance(t, torch.Tensor) and torch.is_grad_enabled() and t.requires_grad:
                 _fail(
@@ -132,7 +132,7 @@ class ForwardOp:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
         scale = self._scale(softmax_scale, plan)
         b, s_q, h, _ = q.shape
-        out = torch.empty((b, s_q, h, plan["head_dim_v"]), dtype=dtype, device=q.device)
+        out = self._out(out, (b, s_q, h, plan["head_dim_v"]), dtype, q.device)
         lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
         if out.numel() == 0 or k.shape[1] == 0:
             out.zero_()
@@ -164,6 +164,18 @@ class ForwardOp:
             _fail(f"k: spec {self.name} has allow_gqa: false, so k/v need {h} heads like q, got {h_kv}")
         if q.shape[0] > GRID_LIMIT or h > GRID_LIMIT:
             _fail(f"q: batch and heads must be <= {GRID_LIMIT}, got {q.shape[0]} and {h}")
+
+    @staticmethod
+    def _out(out, shape, dtype, device) -> torch.Tensor:
+        if out is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        if not isinstance(out, torch.Tensor):
+            _fail(f"out: expected a torch.Tensor, got {type(out).__name__}", TypeError)
+        if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
+            _fail(f"out: expected shape {shape}, dtype {dtype} on {device}; got {tuple(out.shape)}, {out.dtype} on {out.device}")
+        if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st % 8 for st in out.stride()[:-1]):
+            _fail(f"out: expected a 16-byte aligned tensor with contiguous last dim, got strides {tuple(out.stride())}")
+        return out
 
     @staticmethod
     def _scale(softmax_scale, plan) -> float:

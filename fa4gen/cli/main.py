@@ -144,3 +144,7 @@ def show(spec: str, fmt: str) -> None:
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+
+
+# Commands that plan, build, compile and inspect register themselves on `main`.
+from fa4gen.cli import build_cmds  # noqa: E402,F401

@@ -22,6 +22,7 @@ def attention(
     softmax_scale=None,
     window=None,
     return_lse=False,
+    out=None,
 ):
     """Attention in flash_attn_func conventions: q (batch, seqlen_q, heads, 256),
     k (batch, seqlen_k, kv_heads, 256), v (batch, seqlen_k, kv_heads, 256), dtype bf16;
@@ -29,6 +30,7 @@ def attention(
     natural-log LSE (batch, heads, seqlen_q) when return_lse=True.
 
     softmax_scale: defaults to head_dim ** -0.5.
+    out: optional preallocated output (same shape/dtype as the result, last dim contiguous).
     window: (left, right) keys visible around each query's diagonal; -1 = unbounded.
         Defaults to the spec's (4095, 0).
     """
@@ -39,4 +41,5 @@ def attention(
         softmax_scale=softmax_scale,
         window=window,
         return_lse=return_lse,
+        out=out,
     )

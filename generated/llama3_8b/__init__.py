@@ -21,6 +21,7 @@ def attention(
     *,
     softmax_scale=None,
     return_lse=False,
+    out=None,
 ):
     """Attention in flash_attn_func conventions: q (batch, seqlen_q, heads, 128),
     k (batch, seqlen_k, kv_heads, 128), v (batch, seqlen_k, kv_heads, 128), dtype bf16;
@@ -28,6 +29,7 @@ def attention(
     natural-log LSE (batch, heads, seqlen_q) when return_lse=True.
 
     softmax_scale: defaults to head_dim ** -0.5.
+    out: optional preallocated output (same shape/dtype as the result, last dim contiguous).
     """
     return _forward(
         q,
@@ -35,4 +37,5 @@ def attention(
         v,
         softmax_scale=softmax_scale,
         return_lse=return_lse,
+        out=out,
     )

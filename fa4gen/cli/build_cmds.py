@@ -1,0 +1,170 @@
+"""CLI stage: the commands that plan, build, compile and inspect (plan, build, inspect, cache).
+
+Registered on the `fa4gen` group from fa4gen.cli.main. Spec and plan problems are collected over
+all specs and reported together (exit 2, one line per problem, nothing written for a failing
+spec); a stale generated/ under --check or a failed compile exits 1.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from fa4gen.builder import KernelReport, compile_package, diff_package, plan_spec, render_spec, write_package
+from fa4gen.cli.main import _load_all, _table, exit_with_problems, head_dims, main
+from fa4gen.plan import ARCHS, NotAvailableError, PlanError, plan_kernels
+from fa4gen.spec import SpecError
+
+ARCH_CHOICE = click.Choice(sorted(ARCHS))
+OPCODES = ("hgmma", "utchmma", "ldtm", "sttm", "utmaldg", "utmastg", "mufu_ex2", "ffma", "ffma2", "bar", "ldl", "stl")
+
+
+def _label(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def _kernel_row(name: str, r: KernelReport, smem: str) -> tuple[str, ...]:
+    sass = r.meta.get("sass") or {}
+    spills = r.meta.get("spill_stores")
+    return (
+        name, r.arch, r.module, r.status, f"{r.seconds:.1f}s" if r.seconds else "-",
+        str(r.meta.get("registers", "-")), smem, "-" if spills is None else str(spills + (r.meta.get("spill_loads") or 0)),
+        str(sass.get("hgmma", "-")), str(sass.get("mufu_ex2", "-")),
+    )
+
+
+@main.command()
+@click.argument("spec", type=click.Path(path_type=str))
+@click.option("--arch", type=ARCH_CHOICE, default=None, help="Only this target (default: all of the spec's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(spec: str, arch: str | None, as_json: bool) -> None:
+    """Print the resolved KernelPlan(s) of SPEC."""
+    loaded, problems = _load_all([spec])
+    if problems:
+        exit_with_problems(problems)
+    for _, s in loaded:
+        for target in [arch] if arch else s.targets:
+            for p in plan_kernels(s, target):
+                click.echo(p.to_json() if as_json else p.describe())
+
+
+@main.command()
+@click.argument("specs", nargs=-1, type=click.Path(path_type=str))
+@click.option("--check", is_flag=True, help="Write nothing; exit 1 with a diff if generated/ is stale.")
+@click.option("--compile", "do_compile", is_flag=True, help="Also compile every kernel ahead of time (no GPU needed).")
+@click.option("--arch", "archs", type=ARCH_CHOICE, multiple=True, help="Compile only these targets (repeatable).")
+@click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path))
+@click.option("--sass/--no-sass", default=True, show_default=True, help="Disassemble compiled kernels for the summary.")
+def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[str, ...], out: Path, sass: bool) -> None:
+    """Generate generated/<name>/ for each spec (default: every spec in specs/)."""
+    loaded, problems = _load_all(list(specs) or ["specs"])
+    rows = [("spec", "arch", "kernel", "status", "compile", "regs", "smem", "spills", "HGMMA", "MUFU.EX2")]
+    stale: list[str] = []
+    failed = False
+    for path, spec in loaded:
+        try:
+            if archs:
+                for a in archs:
+                    if a in spec.targets:
+                        plan_kernels(spec, a)  # raises NotAvailableError for a family not built yet
+            pkg, plans, unavailable = render_spec(spec, _label(path))
+        except (PlanError, SpecError) as err:
+            problems.extend(err.lines())
+            continue
+        if check:
+            diff = diff_package(pkg, out)
+            stale += diff
+            status = "stale" if diff else "up to date"
+        else:
+            changed = write_package(pkg, out)
+            status = f"wrote {len(changed)} file(s)" if changed else "unchanged"
+        budgets = {p.arch: p.budgets[0].used for p in plans}
+        reports = [KernelReport(p.arch, p.module, status) for p in plans]
+        if do_compile and not check:
+            chosen = [p for p in plans if not archs or p.arch in archs]
+            for p in chosen:
+                click.echo(f"compiling {spec.name} for {p.cute_arch} ...", err=True)
+            reports = compile_package(out / spec.name, f"{out.name}.{spec.name}", chosen, keep_sass=sass)
+            failed |= any(r.status == "failed" for r in reports)
+        for r in reports:
+            rows.append(_kernel_row(spec.name, r, f"{budgets[r.arch] // 1024}K"))
+            if r.status == "failed":
+                click.echo(f"{spec.name} [{r.arch}]: compile failed: {r.detail}", err=True)
+        for arch, why in unavailable.items():
+            rows.append((spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-"))
+    if len(rows) > 1:
+        click.echo(_table(rows))
+    if problems:
+        exit_with_problems(problems)
+    if stale:
+        click.echo("".join(stale), err=True, nl=False)
+        click.echo("generated/ is stale: run `fa4gen build` and commit the result", err=True)
+        raise SystemExit(1)
+    if failed:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.argument("specs", nargs=-1, type=click.Path(path_type=str))
+@click.option("--arch", "archs", type=ARCH_CHOICE, multiple=True, help="Only these targets.")
+@click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path))
+@click.option("--opcodes", "top", default=0, show_default=True, help="Also list the N most frequent opcodes.")
+def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int) -> None:
+    """Compile (or load from the cache) and summarize each kernel's SASS and resources."""
+    loaded, problems = _load_all(list(specs) or ["specs"])
+    if problems:
+        exit_with_problems(problems)
+    for path, spec in loaded:
+        plans, _ = plan_spec(spec, archs=list(archs) or None)
+        pkg, _, _ = render_spec(spec, _label(path))
+        if diff_package(pkg, out):
+            exit_with_problems([f"{path}: generated/{spec.name} is stale or missing; run `fa4gen build` first"])
+        for r in compile_package(out / spec.name, f"{out.name}.{spec.name}", plans, keep_sass=True):
+            click.echo(f"{spec.name} [{r.arch}] {r.module} ({head_dims(spec)}, {spec.mask.kind}): {r.status}")
+            if r.status == "failed":
+                click.echo(f"  {r.detail}")
+                continue
+            m = r.meta
+            click.echo(f"  registers {m.get('registers')}  stack {m.get('stack_frame')}  "
+                       f"spill stores/loads {m.get('spill_stores')}/{m.get('spill_loads')}")
+            counts = m.get("sass") or {}
+            click.echo("  " + "  ".join(f"{k.upper()} {counts.get(k, 0)}" for k in OPCODES))
+            if top:
+                hist = sorted((counts.get("opcodes") or {}).items(), key=lambda kv: -kv[1])[:top]
+                click.echo("  top: " + ", ".join(f"{k} {v}" for k, v in hist))
+
+
+@main.group()
+def cache() -> None:
+    """The on-disk kernel cache ($FA4GEN_CACHE_DIR, else the XDG cache dir)."""
+
+
+@cache.command("ls")
+def cache_ls() -> None:
+    """List cached kernels."""
+    from fa4gen.compile.cache import DiskCache
+
+    c = DiskCache()
+    entries = c.ls()
+    click.echo(f"cache: {c.root} ({len(entries)} entries)")
+    rows = [("key", "name", "arch", "regs", "created")]
+    for e in entries:
+        created = e.meta.get("created")
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if isinstance(created, (int, float)) else str(created)
+        rows.append((e.key[:16], str(e.meta.get("name")), str(e.meta.get("arch")), str(e.meta.get("registers")), created))
+    if entries:
+        click.echo(_table(rows))
+
+
+@cache.command("clear")
+def cache_clear() -> None:
+    """Remove every cached kernel."""
+    from fa4gen.compile.cache import DiskCache
+
+    c = DiskCache()
+    click.echo(f"removed {c.clear()} entries from {c.root}")

@@ -1,0 +1,63 @@
+"""GPU checks of the generated API's contract: clear errors for bad tensors, the compile log line,
+and loading from the disk cache in a later process (skipped without a Hopper GPU)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm90) GPU")]
+
+
+def _qkv(b=1, s=64, h=4, h_kv=4, d=128, dtype=torch.bfloat16):
+    mk = lambda hh: torch.randn(b, s, hh, d, device="cuda", dtype=dtype)  # noqa: E731
+    return mk(h), mk(h_kv), mk(h_kv)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda q, k, v: (q.half(), k, v), "q: expected dtype torch.bfloat16"),
+        (lambda q, k, v: (q[..., :64].contiguous(), k, v), "q: expected head_dim 128"),
+        (lambda q, k, v: (q, k[:, :, :3].contiguous(), v[:, :, :3].contiguous()), "kv heads (3) must divide q heads (4)"),
+        (lambda q, k, v: (q.transpose(1, 3).contiguous().transpose(1, 3), k, v), "last dim must be contiguous"),
+        (lambda q, k, v: (q, k, v[:, :32].contiguous()), "v: expected seqlen_k 64"),
+        (lambda q, k, v: (q[0], k, v), "q: expected 4 dims"),
+        (lambda q, k, v: (q.cpu(), k, v), "q: expected a CUDA tensor"),
+    ],
+)
+def test_bad_tensors_are_named(mutate, message):
+    import generated.llama3_8b as pkg
+
+    q, k, v = mutate(*_qkv())
+    with pytest.raises((ValueError, TypeError)) as err:
+        pkg.attention(q, k, v)
+    assert message in str(err.value)
+
+
+def test_grad_without_backward_is_refused():
+    import generated.llama3_8b as pkg
+
+    q, k, v = _qkv()
+    with pytest.raises(RuntimeError, match="has no backward"):
+        pkg.attention(q.requires_grad_(), k, v)
+
+
+def test_second_process_loads_from_disk_cache(tmp_path):
+    code = (
+        "import torch, generated.vit_encoder as p\n"
+        "q = torch.randn(1, 77, 2, 64, device='cuda', dtype=torch.float16)\n"
+        "p.attention(q, q, q); torch.cuda.synchronize()\n"
+    )
+    env = dict(os.environ, FA4GEN_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert "fa4gen: compiling vit_encoder for sm_90a ... done in" in runs[0].stderr
+    assert "fa4gen: loaded vit_encoder for sm_90a from the disk cache" in runs[1].stderr

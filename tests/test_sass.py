@@ -1,0 +1,266 @@
+"""Compile stage, end to end on the CPU: a tiny Hopper WGMMA GEMM through compile_kernel.
+
+One CTA of one warpgroup computes a 64x64 tile of C = A·Bᵀ (fp16 in, fp32 out, K = 64),
+with A's row count symbolic. It is compiled for sm_90a with no GPU, cached, inspected
+(HGMMA in the SASS, registers from the cubin), reloaded from the cache, and rebuilt after
+the cached object is corrupted. The SASS summarizer is also tested on hand-written text.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fa4gen.compile import aot
+from fa4gen.compile.cache import DiskCache, FA4GenCacheWarning, cache_key
+from fa4gen.compile.elf import cubin_arch, extract_cubins, kernel_resources
+from fa4gen.compile.sass import NvdisasmNotFoundError, disassemble, find_nvdisasm, summarize_sass
+
+cutlass = pytest.importorskip("cutlass")
+cute = pytest.importorskip("cutlass.cute")
+
+import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode, warpgroup  # noqa: E402
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream  # noqa: E402
+from cutlass.memory import SmemAllocator  # noqa: E402
+from cutlass.tensor_utils.layout import LayoutEnum  # noqa: E402
+
+TILE_MNK = (64, 64, 64)
+THREADS = 128
+
+
+@cute.kernel
+def _gemm_tile_kernel(
+    mA: cute.Tensor,
+    mB: cute.Tensor,
+    mC: cute.Tensor,
+    tiled_mma: cute.TiledMma,
+    sA_layout: cute.ComposedLayout,
+    sB_layout: cute.ComposedLayout,
+):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    smem = SmemAllocator()
+    sA = smem.allocate_tensor(cutlass.Float16, sA_layout.outer, 1024, swizzle=sA_layout.inner)
+    sB = smem.allocate_tensor(cutlass.Float16, sB_layout.outer, 1024, swizzle=sB_layout.inner)
+    gA = cute.local_tile(mA, (TILE_MNK[0], TILE_MNK[2]), (bidx, 0))
+    gC = cute.local_tile(mC, (TILE_MNK[0], TILE_MNK[1]), (bidx, 0))
+    # Plain loads into the swizzled smem tiles; the test is about the MMA, not the copy.
+    for i in cutlass.range(tidx, TILE_MNK[0] * TILE_MNK[2], THREADS):
+        row, col = i // TILE_MNK[2], i % TILE_MNK[2]
+        sA[row, col, 0] = gA[row, col]
+        sB[row, col, 0] = mB[row, col]
+    # Generic-proxy smem writes must be visible to the async proxy WGMMA reads through.
+    cute.arch.fence_proxy("async.shared", space="cta")
+    cute.arch.sync_threads()
+
+    thr_mma = tiled_mma.get_slice(tidx)
+    tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+    tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+    tCgC = thr_mma.partition_C(gC)
+    tCrC = cute.make_rmem_tensor(tCgC.shape, cutlass.Float32)
+    # C = A·Bᵀ over the K blocks of one tile
+    tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+    warpgroup.fence()
+    for k_block in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+        cute.gemm(tiled_mma, tCrC, tCrA[None, None, k_block, 0], tCrB[None, None, k_block, 0], tCrC)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)
+    for i in cutlass.range_constexpr(cute.size(tCrC)):
+        tCgC[i] = tCrC[i]
+
+
+@cute.jit
+def _gemm_tile(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream):
+    tiled_mma = sm90_utils.make_trivial_tiled_mma(
+        cutlass.Float16,
+        cutlass.Float16,
+        OperandMajorMode.K,
+        OperandMajorMode.K,
+        cutlass.Float32,
+        (1, 1, 1),
+        tiler_mn=TILE_MNK[:2],
+    )
+    sA_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, TILE_MNK, cutlass.Float16, 1)
+    sB_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, TILE_MNK, cutlass.Float16, 1)
+    _gemm_tile_kernel(mA, mB, mC, tiled_mma, sA_layout, sB_layout).launch(
+        grid=(cute.ceil_div(mA.shape[0], TILE_MNK[0]), 1, 1), block=(THREADS, 1, 1), stream=stream
+    )
+
+
+@cute.kernel
+def _add_kernel(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * THREADS + tidx
+    if i < mA.shape[0]:
+        mC[i] = mA[i] + mB[i]
+
+
+@cute.jit
+def _add(mA: cute.Tensor, mB: cute.Tensor, mC: cute.Tensor, stream):
+    _add_kernel(mA, mB, mC).launch(
+        grid=(cute.ceil_div(mA.shape[0], THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream
+    )
+
+
+def _build_gemm():
+    m = cute.sym_int()
+    a = make_fake_compact_tensor(cutlass.Float16, (m, 64), stride_order=(1, 0), assumed_align=16)
+    b = make_fake_compact_tensor(cutlass.Float16, (64, 64), stride_order=(1, 0), assumed_align=16)
+    c = make_fake_compact_tensor(cutlass.Float32, (m, 64), stride_order=(1, 0), assumed_align=16)
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(_gemm_tile, a, b, c, stream, options="--enable-tvm-ffi")
+
+
+def _build_add():
+    n = cute.sym_int()
+    a, b, c = (make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16) for _ in range(3))
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(_add, a, b, c, stream, options="--enable-tvm-ffi")
+
+
+def _key(arch: str, tag: str) -> str:
+    return cache_key(source=f"test_sass:{tag}", helper_sources={}, arch=arch, options={"tag": tag})
+
+
+needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+
+
+@pytest.mark.compile
+@needs_nvdisasm
+def test_compile_cache_hit_and_rebuild(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    cache, key, builds = DiskCache(), _key("sm_90a", "gemm"), []
+
+    def build():
+        builds.append(1)
+        return _build_gemm()
+
+    start = time.perf_counter()
+    first = aot.compile_kernel(build_fn=build, arch="sm_90a", name="gemm_tile", cache=cache, key=key, keep_sass=True)
+    print(f"compile_kernel miss: {time.perf_counter() - start:.2f} s (build_fn {first.seconds:.2f} s)")
+    assert not first.cache_hit and builds == [1]
+    assert cache.root == tmp_path / "cache"
+    sass = first.meta["sass"]
+    assert sass["total"] > 0 and sass["hgmma"] >= 4  # K = 64 is four k16 WGMMAs
+    assert sass["ldl"] == sass["stl"] == 0
+    assert first.meta["registers"] > 0 and first.meta["cubin_arch"] == "sm_90a"
+    assert first.meta["spill_stores"] == 0 and first.meta["smem_dynamic"] is None
+    assert "HGMMA.64x64x16.F32" in first.sass_text
+    assert callable(first.function)
+
+    start = time.perf_counter()
+    second = aot.compile_kernel(build_fn=build, arch="sm_90a", name="gemm_tile", cache=cache, key=key, keep_sass=True)
+    print(f"compile_kernel hit: {time.perf_counter() - start:.2f} s")
+    assert second.cache_hit and builds == [1]
+    assert callable(second.function)
+    assert second.meta["registers"] == first.meta["registers"]
+    assert second.meta["sass"] == sass and second.sass_text == first.sass_text
+
+    entry = cache.get(key)
+    entry.artifact_path.write_bytes(b"not an object file")
+    with pytest.warns(FA4GenCacheWarning, match="rebuilding"):
+        assert cache.get(key) is None
+    third = aot.compile_kernel(build_fn=build, arch="sm_90a", name="gemm_tile", cache=cache, key=key, keep_sass=False)
+    assert not third.cache_hit and builds == [1, 1]
+    assert "sass" not in third.meta and third.meta["spill_stores"] is None
+    assert cache.get(key).meta["registers"] == first.meta["registers"]
+
+    # A hit that asks for SASS the entry lacks computes it from the stored cubin.
+    fourth = aot.compile_kernel(build_fn=build, arch="sm_90a", name="gemm_tile", cache=cache, key=key, keep_sass=True)
+    assert fourth.cache_hit and builds == [1, 1]
+    assert fourth.meta["sass"]["hgmma"] == sass["hgmma"]
+    assert "sass" in cache.get(key).meta
+
+    # An intact entry whose object will not link is rebuilt too.
+    cache.put(key, b"garbage", {**fourth.meta})
+    with pytest.warns(FA4GenCacheWarning, match="does not load.*rebuilding"):
+        fifth = aot.compile_kernel(build_fn=build, arch="sm_90a", name="gemm_tile", cache=cache, key=key, keep_sass=False)
+    assert not fifth.cache_hit and builds == [1, 1, 1]
+
+
+@pytest.mark.compile
+@needs_nvdisasm
+def test_arch_switch_in_process_and_restore(tmp_path):
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    envar = CuTeDSL._get_dsl().envar
+    before = vars(envar).get("_arch")
+    results = {
+        arch: aot.compile_kernel(build_fn=_build_add, arch=arch, name="add", cache=None, key=None, keep_sass=True)
+        for arch in ("sm_100a", "sm_90a")
+    }
+    assert vars(envar).get("_arch") == before
+    assert results["sm_100a"].meta["cubin_arch"] == "sm_100a"
+    assert results["sm_90a"].meta["cubin_arch"] == "sm_90a"
+    for result in results.values():
+        assert result.meta["sass"]["full_opcodes"].get("FADD") == 1
+        assert result.meta["registers"] > 0
+
+    obj = tmp_path / "add.o"
+    aot.export_object(results["sm_90a"].function, obj)
+    (cubin,) = extract_cubins(obj.read_bytes())
+    assert cubin_arch(cubin) == "sm_90a"
+    (kernel,) = kernel_resources(cubin)["functions"].values()
+    assert kernel["entry"] and kernel["reqntid"] == [THREADS, 1, 1]
+    assert summarize_sass(disassemble(cubin)).total == results["sm_90a"].meta["sass"]["total"]
+
+
+def test_compile_kernel_rejects_bad_arch():
+    with pytest.raises(ValueError, match="sm_90a"):
+        aot.compile_kernel(build_fn=lambda: None, arch="hopper", name="x", cache=None, key=None, keep_sass=False)
+
+
+def test_disassemble_without_nvdisasm(monkeypatch):
+    monkeypatch.setattr("fa4gen.compile.sass.find_nvdisasm", lambda: None)
+    with pytest.raises(NvdisasmNotFoundError, match="nvidia-cuda-nvdisasm"):
+        disassemble(b"\x7fELF")
+
+
+_SASS = """
+//--------------------- .text.kernel_a --------------------------
+\t.section\t.text.kernel_a,"ax",@progbits
+        /*0000*/                   LDC R1, c[0x0][0x37c] ;
+        /*0010*/               @P0 MUFU.EX2 R4, R4 ;
+        /*0020*/              @!PT MUFU.EX2 R5, R5 ;
+        /*0030*/                   MUFU.RCP R6, R6 ;
+        /*0040*/                   FFMA R2, R3, R4, R5 ;
+        /*0050*/                   FFMA2 R2, R3.F32x2.HI_LO, R4.F32, R6 ;
+        /*0060*/             @!UP0 UTCHMMA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT ;
+        /*0070*/                   UTCQMMA.2CTA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT ;
+        /*0080*/                   UTCHMMA.2CTA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR12], UPT ;
+        /*0090*/                   LDTM.x16 R8, tmem[UR4] ;
+        /*00a0*/                   STTM.x16 tmem[UR4], R8 ;
+        /*00b0*/                   UTMALDG.2D [UR8], [UR4] ;
+        /*00c0*/                   UTMASTG.2D [UR4], [UR8] ;
+        /*00d0*/                   SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4+0x10], RZ ;
+        /*00e0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00f0*/                   STL [R1], R2 ;
+        /*0100*/                   LDL R2, [R1] ;
+        /*0110*/                   HGMMA.64x64x16.F32 R24, gdesc[UR4], RZ, !UPT ;
+.L_x_0:
+        /*0120*/                   BRA `(.L_x_0);
+        /*0130*/                   NOP;
+"""
+
+
+def test_summarize_sass_counts():
+    s = summarize_sass(_SASS)
+    assert s.kernels == ("kernel_a",)
+    assert s.total == 20
+    assert (s.mufu_ex2, s.ffma, s.ffma2, s.utchmma, s.ldtm, s.sttm) == (2, 1, 1, 3, 1, 1)
+    assert (s.utmaldg, s.utmastg, s.bar, s.ldl, s.stl, s.hgmma) == (1, 1, 2, 1, 1, 1)
+    assert s.opcodes["MUFU"] == 3 and s.full_opcodes["MUFU.EX2"] == 2 and s.full_opcodes["MUFU.RCP"] == 1
+    assert s.full_opcodes["UTCHMMA.2CTA"] == 1 and s.opcodes["UTCHMMA"] == 2
+    assert list(s.opcodes)[0] == "MUFU"  # sorted by count
+    d = s.to_dict()
+    assert d["kernels"] == ["kernel_a"] and d["opcodes"] == s.opcodes
+    assert type(s).from_dict(d) == s
+
+
+def test_summarize_empty():
+    s = summarize_sass("")
+    assert s.total == 0 and s.opcodes == {} and s.kernels == ()

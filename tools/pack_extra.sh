@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Adds to .device/extra the wheels fa4gen needs on the GPU machine beyond ../shared/device/pack.sh
+# (its image has no pydantic). Run from the project root on the dev machine.
+set -euo pipefail
+mkdir -p .device/extra
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .device/extra pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 \
+  typing_extensions==4.15.0
