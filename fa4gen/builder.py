@@ -105,12 +105,16 @@ def diff_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
     return lines
 
 
-def compile_package(pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool) -> list[KernelReport]:
+def compile_package(
+    pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool, progress=None
+) -> list[KernelReport]:
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.generated import compile_generated
 
     reports = []
     for plan in plans:
+        if progress is not None:
+            progress(plan)
         try:
             res = compile_generated(
                 pkg_dir / f"{plan.module}.py", f"{package_name}.{plan.module}", plan.to_dict(),

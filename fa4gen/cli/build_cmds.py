@@ -87,9 +87,10 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
         reports = [KernelReport(p.arch, p.module, status) for p in plans]
         if do_compile and not check:
             chosen = [p for p in plans if not archs or p.arch in archs]
-            for p in chosen:
-                click.echo(f"compiling {spec.name} for {p.cute_arch} ...", err=True)
-            reports = compile_package(out / spec.name, f"{out.name}.{spec.name}", chosen, keep_sass=sass)
+            reports = compile_package(
+                out / spec.name, f"{out.name}.{spec.name}", chosen, keep_sass=sass,
+                progress=lambda p: click.echo(f"compiling {spec.name} for {p.cute_arch} ...", err=True),
+            )
             failed |= any(r.status == "failed" for r in reports)
         for r in reports:
             rows.append(_kernel_row(spec.name, r, f"{budgets[r.arch] // 1024}K"))
