@@ -1,0 +1,414 @@
+"""Plan stage: invariants of every SM90 KernelPlan, for the committed specs and a grid of spec dicts.
+
+Every budget is recomputed here from the plan's own numbers (not read back from the planner's
+formula), the poly-exp fit is re-measured with `math` on a dense grid, and the error cases check
+which field the PlanError names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fa4gen.plan import ARCHS, Budget, KernelPlan, NotAvailableError, PlanError, plan_kernels
+from fa4gen.spec import load_spec, spec_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))
+
+SMEM_LIMIT_SM90 = 227 * 1024  # opt-in shared memory per block on H100/H200
+REG_FILE_SM90 = 64 * 1024  # 32-bit registers per SM
+ELEM_BYTES = {"bf16": 2, "fp16": 2}
+
+
+# --- the grid of valid spec dicts ------------------------------------------------------------
+
+HEAD_DIMS = [(64, None), (96, None), (128, None), (192, 128), (256, None)]
+DTYPES = ["bf16", "fp16"]
+MASKS = [
+    {"kind": "none"},
+    {"kind": "causal"},
+    {"kind": "sliding_window", "left": 511, "right": 0},
+    {"kind": "sliding_window", "left": None, "right": 32},
+    {"kind": "sliding_window", "left": 100, "right": None},
+    {"kind": "chunked", "chunk_size": 1024},
+]
+PIPELINES = [
+    {},
+    {"tile_n": 64, "kv_stages": 3},
+    {"ping_pong": False, "tile_m": 128},
+    {"poly_exp": {"share": 0.15, "degree": 3}, "rescale_threshold": 0.0},
+    {"poly_exp": {"share": 0.5, "degree": 5}, "tile_n": 48},
+    {"poly_exp": {"share": 1.0, "degree": 2}, "kv_stages": 1},
+    {"poly_exp": {"share": 0.3, "degree": 1}, "ping_pong": True, "kv_stages": "auto"},
+]
+
+
+def _spec_dict(i: int, hd, dtype, mask, pipeline, **extra) -> dict:
+    head_dim, head_dim_v = hd
+    d = {
+        "name": f"grid_{i}",
+        "targets": ["sm90"],
+        "dtype": dtype,
+        "head_dim": head_dim,
+        "mask": mask,
+        "pipeline": pipeline,
+        **extra,
+    }
+    if head_dim_v is not None:
+        d["head_dim_v"] = head_dim_v
+    return d
+
+
+GRID = [
+    _spec_dict(i, hd, dt, m, p, softcap=(30.0 if i % 3 == 0 else 0.0), return_lse=bool(i % 2))
+    for i, (hd, dt, m, p) in enumerate(itertools.product(HEAD_DIMS, DTYPES, MASKS, PIPELINES))
+]
+
+
+def _expected_smem(d: dict) -> int:
+    """Shared memory the grid point needs by hand: Q tile + K/V stages (barriers excluded)."""
+    head_dim = d["head_dim"]
+    head_dim_v = d.get("head_dim_v") or head_dim
+    auto_n = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}[head_dim]
+    tile_n = d["pipeline"].get("tile_n", auto_n)
+    stages = d["pipeline"].get("kv_stages", "auto")
+    stages = 2 if stages == "auto" else stages
+    e = ELEM_BYTES[d["dtype"]]
+    return 128 * head_dim * e + stages * tile_n * (head_dim + head_dim_v) * e
+
+
+def _plan(d: dict) -> KernelPlan:
+    (plan,) = plan_kernels(spec_from_dict(d), "sm90")
+    return plan
+
+
+def _all_plans():
+    """(id, spec, plan) for every committed spec's sm90 plan and every plannable grid point."""
+    out = []
+    for path in SPEC_FILES:
+        spec = load_spec(path)
+        if "sm90" in spec.targets:
+            out.append(pytest.param(spec, id=path.stem))
+    for d in GRID:
+        if _expected_smem(d) + 1024 <= SMEM_LIMIT_SM90:
+            out.append(pytest.param(spec_from_dict(d), id=d["name"]))
+    return out
+
+
+ALL = _all_plans()
+
+
+def _budget(plan: KernelPlan, word: str) -> Budget:
+    (b,) = [b for b in plan.budgets if word in b.name]
+    return b
+
+
+# --- invariants --------------------------------------------------------------------------------
+
+
+def test_grid_is_mostly_plannable():
+    """The grid must exercise real plans (guards against a grid that silently filters itself out)."""
+    plannable = [d for d in GRID if _expected_smem(d) + 1024 <= SMEM_LIMIT_SM90]
+    assert len(plannable) >= 0.8 * len(GRID)
+    assert len(SPEC_FILES) == 7
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_resource_invariants(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    # warp roles: one producer warpgroup + 64-row consumer warpgroups
+    assert plan.tile_m == 64 * plan.num_mma_warpgroups
+    assert plan.threads == 128 * (1 + plan.num_mma_warpgroups)
+    assert plan.tile_n % 16 == 0 and 16 <= plan.tile_n <= 256
+    assert plan.kv_stages >= 1
+    # shared memory: recompute from the plan's own tile numbers
+    smem = _budget(plan, "shared memory")
+    assert smem.limit == SMEM_LIMIT_SM90 and smem.unit == "bytes"
+    e = ELEM_BYTES[plan.dtype]
+    tiles = plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
+    assert tiles <= smem.used <= tiles + 1024, "smem budget must count the Q and K/V tiles (+ barriers)"
+    assert smem.used <= smem.limit
+    # register file: producer + consumer warpgroups under setmaxnreg
+    reg_file = 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer
+    assert reg_file <= REG_FILE_SM90
+    assert _budget(plan, "register file").used == reg_file
+    assert plan.regs_consumer % 8 == 0 and plan.regs_producer % 8 == 0  # setmaxnreg granularity
+    regs = _budget(plan, "consumer registers")
+    # fp32 O (dv/2) + fp32 S (tile_n/2) + 16-bit P (tile_n/4) per thread, at least
+    assert regs.used >= plan.head_dim_v // 2 + plan.tile_n // 2 + plan.tile_n // 4
+    assert regs.used <= regs.limit == plan.regs_consumer
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_spec_fields_carried_into_plan(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    p = spec.pipeline
+    assert (plan.arch, plan.cute_arch, plan.direction) == ("sm90", "sm_90a", "fwd")
+    assert plan.name == spec.name and plan.dtype == spec.dtype
+    assert (plan.cutlass_dtype, plan.torch_dtype) == {
+        "bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")
+    }[spec.dtype]
+    assert (plan.head_dim, plan.head_dim_v) == (spec.head_dim, spec.head_dim_v)
+    if p.tile_n != "auto":
+        assert plan.tile_n == p.tile_n
+    if p.kv_stages != "auto":
+        assert plan.kv_stages == p.kv_stages
+    if p.ping_pong != "auto":
+        assert plan.ping_pong is p.ping_pong
+    assert plan.softcap == spec.softcap and plan.has_softcap == (spec.softcap > 0)
+    assert plan.rescale_threshold == p.rescale_threshold
+    assert plan.write_lse == spec.return_lse
+    assert plan.allow_gqa == spec.allow_gqa
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_mask_fields_match_spec(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    m = spec.mask
+    assert plan.mask_kind == m.kind
+    assert plan.causal == (m.kind == "causal")
+    assert plan.local == (m.kind == "sliding_window")
+    assert plan.chunked == (m.kind == "chunked")
+    assert plan.has_mask == (m.kind != "none")
+    if m.kind == "sliding_window":
+        assert plan.window_left == (-1 if m.left is None else m.left)
+        assert plan.window_right == (-1 if m.right is None else m.right)
+    else:
+        assert (plan.window_left, plan.window_right) == (-1, -1)
+    assert plan.chunk_size == (m.chunk_size if m.kind == "chunked" else 0)
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _walk(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _walk(v)
+    else:
+        yield value
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_auto_is_resolved(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    leaves = list(_walk(plan.to_dict()))
+    assert "auto" not in leaves
+    assert not any(isinstance(v, str) and "auto" == v.strip().lower() for v in leaves)
+    assert isinstance(plan.ping_pong, bool)
+    assert all(isinstance(getattr(plan, f), int) and not isinstance(getattr(plan, f), bool)
+               for f in ("tile_m", "tile_n", "kv_stages", "threads"))
+
+
+# --- poly-exp ----------------------------------------------------------------------------------
+
+
+def _horner(coeffs, f):
+    p = 0.0
+    for c in reversed(coeffs):
+        p = p * f + c
+    return p
+
+
+def _max_rel_error(coeffs, points=20000):
+    return max(abs(_horner(coeffs, k / points) / 2.0 ** (k / points) - 1.0) for k in range(points))
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_poly_every_matches_share(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    share = spec.pipeline.poly_exp.share
+    if share == 0.0:
+        assert plan.poly_every == 0 and plan.poly_share == 0.0
+    else:
+        assert plan.poly_every >= 1
+        assert plan.poly_share == pytest.approx(1.0 / plan.poly_every)
+        assert abs(plan.poly_share - share) <= 0.5 / plan.poly_every + 1e-12
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4, 5])
+def test_poly_coefficients_fit_exp2(degree):
+    plan = _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"},
+                            {"poly_exp": {"share": 0.25, "degree": degree}}))
+    assert plan.poly_degree == degree
+    assert len(plan.poly_coeffs) == degree + 1
+    assert plan.poly_coeffs[0] == 1.0  # integral inputs stay exact
+    err = _max_rel_error(plan.poly_coeffs)
+    assert err == pytest.approx(plan.poly_max_rel_error, rel=0.10)
+    if degree >= 3:
+        assert err < 2.0**-10
+    # a higher degree must fit strictly better (checks the fit, not just its self-report)
+    if degree > 1:
+        lower = _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"},
+                                 {"poly_exp": {"share": 0.25, "degree": degree - 1}}))
+        assert err < _max_rel_error(lower.poly_coeffs)
+
+
+def _effective_share(plan: KernelPlan) -> float:
+    """Share of a thread's exp2s the SM90 kernel evaluates with the polynomial.
+
+    A consumer thread holds 2 rows x tile_n/4 columns of S; online_softmax_step uses the polynomial
+    at local column c when c % poly_every == poly_every - 1.
+    """
+    cols = plan.tile_n // 4
+    if plan.poly_every == 0:
+        return 0.0
+    return sum(1 for c in range(cols) if c % plan.poly_every == plan.poly_every - 1) / cols
+
+
+@pytest.mark.parametrize("head_dim,share", [(128, 0.15), (128, 0.3), (128, 0.5), (128, 1.0), (256, 0.15),
+                                            (128, 0.04)])
+def test_poly_share_is_what_the_kernel_does(head_dim, share):
+    plan = _plan(_spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, {"poly_exp": {"share": share}}))
+    assert abs(_effective_share(plan) - share) <= 0.5 / plan.poly_every
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a small poly_exp.share gives poly_every > tile_n/4, so no thread "
+                   "column ever takes the polynomial (effective share 0) while the plan reports the requested share")
+@pytest.mark.parametrize("head_dim,share", [(128, 0.01), (128, 0.02), (256, 0.04)])
+def test_small_poly_share_is_not_silently_dropped(head_dim, share):
+    d = _spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, {"poly_exp": {"share": share}})
+    try:
+        plan = _plan(d)
+    except PlanError as err:  # refusing the share is acceptable too
+        assert any("poly_exp" in p.location for p in err.problems)
+        return
+    assert _effective_share(plan) > 0.0
+    assert abs(_effective_share(plan) - share) <= 0.5 / plan.poly_every
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def _plan_error(d: dict) -> PlanError:
+    with pytest.raises(PlanError) as info:
+        _plan(d)
+    return info.value
+
+
+def test_smem_budget_exceeded_names_shared_memory():
+    d = _spec_dict(0, (256, None), "bf16", {"kind": "causal"}, {"tile_n": 256, "kv_stages": 4})
+    err = _plan_error(d)
+    assert not isinstance(err, NotAvailableError)
+    assert "shared memory" in str(err)
+    smem_problems = [p for p in err.problems if "shared memory" in p.message]
+    assert len(smem_problems) == 1 and smem_problems[0].location.startswith("pipeline")
+    message = smem_problems[0].message
+    assert str(SMEM_LIMIT_SM90) in message
+    need = int(re.search(r"need (\d+) bytes", message).group(1))
+    assert _expected_smem(d) <= need <= _expected_smem(d) + 1024
+
+
+@pytest.mark.parametrize("d", [d for d in GRID if _expected_smem(d) > SMEM_LIMIT_SM90], ids=lambda d: d["name"])
+def test_grid_points_over_budget_are_refused(d):
+    assert "shared memory" in str(_plan_error(d))
+
+
+def test_smem_budget_boundary():
+    """head_dim 256 with 2 stages of 80 keys fits in 227 KB; 3 stages do not."""
+    ok = _plan(_spec_dict(0, (256, None), "bf16", {"kind": "none"}, {"tile_n": 80, "kv_stages": 2}))
+    assert _budget(ok, "shared memory").used <= SMEM_LIMIT_SM90
+    err = _plan_error(_spec_dict(0, (256, None), "bf16", {"kind": "none"}, {"tile_n": 80, "kv_stages": 3}))
+    assert "shared memory" in str(err)
+
+
+@pytest.mark.parametrize("tile_m", [64, 192, 256])
+def test_tile_m_other_than_128_refused_on_sm90(tile_m):
+    err = _plan_error(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {"tile_m": tile_m}))
+    assert [p.location for p in err.problems] == ["pipeline.tile_m"]
+    assert str(tile_m) in err.problems[0].message
+
+
+def test_tile_m_128_accepted():
+    assert _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {"tile_m": 128})).tile_m == 128
+
+
+@pytest.mark.parametrize("field", ["varlen", "backward"])
+def test_unsupported_features_name_the_field(field):
+    err = _plan_error(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, **{field: True}))
+    assert [p.location for p in err.problems] == [field]
+    assert "not available" in err.problems[0].message
+    assert f"{field}:" in str(err)
+
+
+@pytest.mark.parametrize("head_dim", [8, 40, 120])
+def test_head_dim_not_multiple_of_16_refused(head_dim):
+    err = _plan_error(_spec_dict(0, (head_dim, None), "bf16", {"kind": "none"}, {}))
+    assert "head_dim" in [p.location for p in err.problems]
+
+
+def test_sm100_not_available():
+    spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}) | {"targets": ["sm90", "sm100"]})
+    with pytest.raises(NotAvailableError) as info:
+        plan_kernels(spec, "sm100")
+    assert "not available yet" in str(info.value)
+    assert isinstance(info.value, PlanError)
+    assert ARCHS["sm100"].unavailable
+    # the sm90 target of the same spec still plans
+    assert plan_kernels(spec, "sm90")[0].arch == "sm90"
+
+
+def test_arch_not_in_targets_or_unknown():
+    spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}))
+    with pytest.raises(PlanError) as info:
+        plan_kernels(spec, "sm100")
+    assert not isinstance(info.value, NotAvailableError)
+    assert info.value.problems[0].location == "targets"
+    with pytest.raises(PlanError, match="unknown arch"):
+        plan_kernels(spec, "sm80")
+
+
+# --- printing, serialization, determinism ------------------------------------------------------
+
+HEADER_FIELDS = ("name", "arch", "direction", "module")
+
+
+@pytest.mark.parametrize("spec", ALL[:7])
+def test_describe_lists_every_field(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    text = plan.describe()
+    lines = text.splitlines()
+    # identity fields are in the header line, by value
+    assert lines[0] == f"plan {plan.name} [{plan.arch} {plan.direction}] -> module {plan.module}"
+    labels = {line.split()[0].rstrip(":") for line in lines[1:] if line.strip()}
+    for f in dataclasses.fields(KernelPlan):
+        if f.name in HEADER_FIELDS:
+            continue
+        if f.name == "notes" and not plan.notes:
+            continue
+        assert f.name in labels, f"describe() does not show {f.name}"
+    for b in plan.budgets:
+        assert f"{b.name}: {b.used} / {b.limit} {b.unit}" in text
+    for n in plan.notes:
+        assert n in text
+    assert f"tile_n              {plan.tile_n}" in text or any(
+        line.split() == ["tile_n", str(plan.tile_n)] for line in lines
+    )
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_to_json_round_trips(spec):
+    (plan,) = plan_kernels(spec, "sm90")
+    data = json.loads(plan.to_json())
+    data["budgets"] = tuple(Budget(**b) for b in data["budgets"])
+    data["notes"] = tuple(data["notes"])
+    data["poly_coeffs"] = tuple(data["poly_coeffs"])
+    back = KernelPlan(**data)
+    assert back == plan
+    assert back.to_json() == plan.to_json()
+
+
+@pytest.mark.parametrize("spec", ALL[:7])
+def test_plans_are_deterministic(spec):
+    a = plan_kernels(spec, "sm90")
+    b = plan_kernels(spec_from_dict(spec.model_dump(mode="json")), "sm90")
+    assert a == b
+    assert [p.to_json() for p in a] == [p.to_json() for p in b]
+    assert hash(a[0]) == hash(b[0])

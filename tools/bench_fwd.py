@@ -1,0 +1,107 @@
+"""Forward benchmark on the lent GPU, following ../shared/docs/BENCHMARK.md (the FA papers' grid).
+
+batch × seqlen = 16384 tokens, hidden 2048 (heads = 2048 / d), d in {64, 128, 256}, seqlen 512..16k,
+causal and not; fa4gen's kernel side by side with flash-attn-4 and torch SDPA (cuDNN, flash) in one
+process. TFLOP/s = 4·b·h·s²·d (halved when causal) / median time (triton do_bench). Writes JSON and
+a markdown table with ratio columns to --out.
+
+Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT`.
+"""
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+import fa4gen
+
+
+def _fa4():
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+
+        return flash_attn_func
+    except Exception as err:  # noqa: BLE001
+        print(f"flash-attn-4 not importable: {err}")
+        return None
+
+
+def _sdpa(backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(be):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fa4 = _fa4()
+    cudnn, flash = _sdpa("cudnn"), _sdpa("flash")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
+    matmul = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
+    print(f"bf16 8192^3 matmul: {matmul} TFLOP/s")
+    rows = []
+    for d in map(int, args.dims.split(",")):
+        for causal in (False, True):
+            t0 = time.perf_counter()
+            pkg = fa4gen.build(dict(name=f"bench_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
+                                    dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"}))
+            x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
+            pkg.attention(x, x, x)
+            torch.cuda.synchronize()
+            first_call_s = round(time.perf_counter() - t0, 2)
+            for s in map(int, args.seqlens.split(",")):
+                b, h = 16384 // s, 2048 // d
+                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                flops = 4 * b * h * s * s * d / (2 if causal else 1)
+                res = {"d": d, "seqlen": s, "causal": causal, "batch": b, "heads": h, "first_call_s": first_call_s}
+                ours = pkg.attention(q, k, v)
+                impls = {"fa4gen": lambda: pkg.attention(q, k, v),
+                         "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
+                if fa4 is not None:
+                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
+                ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
+                res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
+                for name, fn in impls.items():
+                    try:
+                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+                        res[name] = round(flops / (ms * 1e-3) / 1e12, 1)
+                    except Exception as err:  # noqa: BLE001
+                        res[name] = None
+                        res[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
+                best = max([res.get("fa4") or 0, res.get("cudnn") or 0])
+                res["vs_fa4"] = round(res["fa4gen"] / res["fa4"], 3) if res.get("fa4") else None
+                res["vs_best"] = round(res["fa4gen"] / best, 3) if best else None
+                rows.append(res)
+                print(json.dumps(res), flush=True)
+    (out_dir / "bench_fwd.json").write_text(json.dumps({"matmul_tflops": matmul, "gpu": torch.cuda.get_device_name(),
+                                                        "rows": rows}, indent=1))
+    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s", "",
+             "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['d']} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
+                     f"{r['cudnn']} | {r['sdpa_flash']} | {r['vs_fa4']} | {r['vs_best']} |")
+    (out_dir / "bench_fwd.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
