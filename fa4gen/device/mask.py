@@ -8,7 +8,7 @@ i + (seqlen_k - seqlen_q). Every mask is a half-open column range [lo, hi) per r
   chunked          lo = chunk start of pos,     hi = pos + 1
 Which bounds exist is fixed at compile time; their values (window sizes, chunk size) are
 run-time arguments, so one kernel serves every window. The same bounds, per tile, give the
-key-block range a query tile must visit (`n_block_range`).
+key-block range a query tile must visit (`tile_bounds`, `n_block_range`).
 """
 
 import cutlass
@@ -78,10 +78,9 @@ def apply_mask(
 
 
 @cute.jit
-def n_block_range(
+def tile_bounds(
     m_block: Int32,
     tile_m: cutlass.Constexpr[int],
-    tile_n: cutlass.Constexpr[int],
     seqlen_q: Int32,
     seqlen_k: Int32,
     window_left: Int32,
@@ -92,55 +91,34 @@ def n_block_range(
     local: cutlass.Constexpr[bool],
     chunked: cutlass.Constexpr[bool],
 ):
-    """[n_min, n_max) key blocks that hold any visible key for query rows of `m_block`."""
+    """(lo, hi) of the first and of the last valid query row of `m_block`, computed once per tile.
+
+    lo and hi never decrease with the row, so the first row has the smallest lo and hi and the
+    last row the largest. Rows past seqlen_q are never stored, so they are left out.
+    """
     shift = seqlen_k - seqlen_q
     first_pos = m_block * tile_m + shift
     last_pos = cutlass.min(m_block * tile_m + tile_m, seqlen_q) - 1 + shift
-    lo, _ = row_bounds(
-        first_pos, seqlen_k, window_left, window_right, chunk,
-        causal=causal, local=local, chunked=chunked,
+    lo_first, hi_first = row_bounds(
+        first_pos, seqlen_k, window_left, window_right, chunk, causal=causal, local=local, chunked=chunked
     )
-    _, hi = row_bounds(
-        last_pos, seqlen_k, window_left, window_right, chunk,
-        causal=causal, local=local, chunked=chunked,
+    lo_last, hi_last = row_bounds(
+        last_pos, seqlen_k, window_left, window_right, chunk, causal=causal, local=local, chunked=chunked
     )
-    n_min = cutlass.max(lo, 0) // tile_n
-    n_max = (hi + tile_n - 1) // tile_n
-    n_max = cutlass.max(n_max, n_min)
+    return lo_first, hi_first, lo_last, hi_last
+
+
+@cute.jit
+def n_block_range(bounds, tile_n: cutlass.Constexpr[int]):
+    """[n_min, n_max) key blocks that hold any key visible from the tile's rows."""
+    lo_first, _, _, hi_last = bounds
+    n_min = cutlass.max(lo_first, 0) // tile_n
+    n_max = cutlass.max((hi_last + tile_n - 1) // tile_n, n_min)
     return n_min, n_max
 
 
 @cute.jit
-def tile_needs_mask(
-    n_block: Int32,
-    m_block: Int32,
-    tile_m: cutlass.Constexpr[int],
-    tile_n: cutlass.Constexpr[int],
-    seqlen_q: Int32,
-    seqlen_k: Int32,
-    window_left: Int32,
-    window_right: Int32,
-    chunk: Int32,
-    *,
-    causal: cutlass.Constexpr[bool],
-    local: cutlass.Constexpr[bool],
-    chunked: cutlass.Constexpr[bool],
-) -> cutlass.Boolean:
+def tile_needs_mask(bounds, n_block: Int32, tile_n: cutlass.Constexpr[int]) -> cutlass.Boolean:
     """True unless every row of the tile sees every column of key block `n_block`."""
-    shift = seqlen_k - seqlen_q
-    first_pos = m_block * tile_m + shift
-    last_pos = m_block * tile_m + tile_m - 1 + shift
-    col_lo = n_block * tile_n
-    col_hi = col_lo + tile_n
-    lo_last, _ = row_bounds(
-        last_pos, seqlen_k, window_left, window_right, chunk,
-        causal=causal, local=local, chunked=chunked,
-    )
-    _, hi_first = row_bounds(
-        first_pos, seqlen_k, window_left, window_right, chunk,
-        causal=causal, local=local, chunked=chunked,
-    )
-    # lo and hi never decrease with the row, so the first row has the smallest hi and the last
-    # row the largest lo.
-    needs = col_hi > hi_first or col_lo < lo_last
-    return needs
+    _, hi_first, lo_last, _ = bounds
+    return (n_block + 1) * tile_n > hi_first or n_block * tile_n < lo_last

@@ -121,9 +121,8 @@ class FlashFwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
-        n_min, n_max = mask.n_block_range(
-            m_block, TILE_M, TILE_N, seqlen_q, seqlen_k, window_left, window_right, Int32(1), **MASK
-        )
+        bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, window_left, window_right, Int32(1), **MASK)
+        n_min, n_max = mask.n_block_range(bounds, TILE_N)
 
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
@@ -186,7 +185,7 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(kv_state)
                 s_rc = frag.rows_cols(acc_S)
                 softmax.apply_softcap(acc_S, softcap_pre)
-                if mask.tile_needs_mask(n_block, m_block, TILE_M, TILE_N, seqlen_q, seqlen_k, window_left, window_right, Int32(1), **MASK):
+                if mask.tile_needs_mask(bounds, n_block, TILE_N):
                     mask.apply_mask(
                         s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
                         window_left, window_right, Int32(1), **MASK,
