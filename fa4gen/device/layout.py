@@ -39,6 +39,12 @@ def c_as_a_layout(acc_layout: cute.Layout) -> cute.Layout:
     )
 
 
+def operand_buffer(acc: cute.Tensor, dtype):
+    """Registers for P: (the buffer in acc's C layout, to store into; its A-operand view)."""
+    buf = cute.make_rmem_tensor(acc.layout, dtype)
+    return buf, cute.make_tensor(buf.iterator, c_as_a_layout(acc.layout))
+
+
 def convert_to_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
     """Round an fp32 accumulator to `dtype` and return it viewed as an A-operand fragment."""
     op = cute.make_rmem_tensor(acc.layout, dtype)
@@ -46,4 +52,4 @@ def convert_to_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
     return cute.make_tensor(op.iterator, c_as_a_layout(acc.layout))
 
 
-__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "convert_to_operand", "cutlass"]
+__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "convert_to_operand", "operand_buffer", "cutlass"]

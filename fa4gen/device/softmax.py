@@ -68,12 +68,14 @@ def online_softmax_step(
     threshold: cutlass.Constexpr[float],
     poly_every: cutlass.Constexpr[int],
     poly_coeffs: cutlass.Constexpr[tuple],
+    is_first: cutlass.Constexpr[bool] = False,
 ):
     """Turn scores `s` (row, col view, fp32) into unnormalized probabilities in place.
 
     Updates the running max and partial sums in `rows` and leaves in `rows.row_scale` the factor
     by which the caller must rescale its O rows (1.0 when the max was kept).
     `poly_every` = k > 0 evaluates every k-th exp2 of a row with the FMA polynomial instead of MUFU.
+    `is_first` (the first key block of a tile) skips the rescale bookkeeping: nothing to rescale yet.
     """
     row_max, row_sum, row_scale = rows.row_max, rows.row_sum, rows.row_scale
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
@@ -81,14 +83,16 @@ def online_softmax_step(
         for c in cutlass.range_constexpr(1, cute.size(s, mode=[1])):
             tile_max = cute.arch.fmax(tile_max, s[r, c])
         tile_max = quad_max(tile_max)
-        old_max = row_max[r]
-        new_max = cute.arch.fmax(old_max, tile_max)
         scale = Float32(1.0)
-        cur_max = old_max
-        # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
-        if (new_max - old_max) * scale_log2 > threshold:
-            scale = cute.math.exp2((old_max - new_max) * scale_log2, fastmath=True)
-            cur_max = new_max
+        cur_max = tile_max
+        if cutlass.const_expr(not is_first):
+            old_max = row_max[r]
+            new_max = cute.arch.fmax(old_max, tile_max)
+            cur_max = old_max
+            # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
+            if (new_max - old_max) * scale_log2 > threshold:
+                scale = cute.math.exp2((old_max - new_max) * scale_log2, fastmath=True)
+                cur_max = new_max
         row_max[r] = cur_max
         max_scaled = cur_max * scale_log2
         if cur_max == -Float32.inf:
@@ -101,14 +105,30 @@ def online_softmax_step(
             else:
                 s[r, c] = cute.math.exp2(x, fastmath=True)
             acc += s[r, c]
-        row_sum[r] = row_sum[r] * scale + acc
+        if cutlass.const_expr(is_first):
+            row_sum[r] = acc
+        else:
+            row_sum[r] = row_sum[r] * scale + acc
         row_scale[r] = scale
 
 
 @cute.jit
-def rescale_rows(o: cute.Tensor, rows: RowState):
-    """O rows *= row_scale (o is a (row, col) view)."""
+def rescale_rows(o: cute.Tensor, rows: RowState, *, vote: cutlass.Constexpr[bool]):
+    """O rows *= row_scale (o is a (row, col) view). With `vote`, the warp skips the multiply
+    unless one of its rows moved its max (conditional rescaling: the common case is none)."""
     row_scale = rows.row_scale
+    if cutlass.const_expr(vote):
+        smallest = row_scale[0]  # factors are <= 1, and exactly 1 when a row kept its max
+        for r in cutlass.range_constexpr(1, cute.size(o, mode=[0])):
+            smallest = cute.arch.fmin(smallest, row_scale[r])
+        if cute.arch.vote_any_sync(smallest < Float32(1.0)):
+            _scale_rows(o, row_scale)
+    else:
+        _scale_rows(o, row_scale)
+
+
+@cute.jit
+def _scale_rows(o: cute.Tensor, row_scale: cute.Tensor):
     for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
             o[r, c] = o[r, c] * row_scale[r]

@@ -59,6 +59,7 @@ class KernelPlan:
     regs_producer: int
     regs_consumer: int
     ping_pong: bool
+    intra_wg_overlap: bool
     scheduler: str
     # masking
     mask_kind: str

@@ -96,9 +96,12 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     mask = spec.mask
     kind = mask.kind
     ping_pong = True if p.ping_pong == "auto" else p.ping_pong
+    overlap = True if p.intra_wg_overlap == "auto" else p.intra_wg_overlap
     notes = []
     if p.ping_pong == "auto":
-        notes.append("ping_pong auto -> on (FA3's choice for 2 consumer warpgroups; to be measured)")
+        notes.append("ping_pong auto -> on (FA3's choice for 2 consumer warpgroups)")
+    if p.intra_wg_overlap == "auto":
+        notes.append("intra_wg_overlap auto -> on (FA3's choice)")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> every {every}th exp2 of a row "
                      f"(actual share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
@@ -123,6 +126,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         regs_producer=REGS_PRODUCER,
         regs_consumer=REGS_CONSUMER,
         ping_pong=ping_pong,
+        intra_wg_overlap=overlap,
         scheduler="grid",
         mask_kind=kind,
         causal=kind == "causal",

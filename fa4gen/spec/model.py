@@ -191,6 +191,10 @@ class Pipeline(_Model):
     ping_pong: StrictBool | Literal["auto"] = Field(
         default="auto", description="Two softmax warpgroups alternate tiles."
     )
+    intra_wg_overlap: StrictBool | Literal["auto"] = Field(
+        default="auto",
+        description="Issue S_j = Q·K_jᵀ before O += P_{j-1}·V_{j-1} and do softmax j while it runs.",
+    )
     poly_exp: PolyExp = PolyExp()
     rescale_threshold: NonNegFloat = Field(
         default=8.0,
@@ -209,7 +213,7 @@ class Pipeline(_Model):
         json_schema_extra=_int_range(1, 1, 8),
     )
 
-    @field_validator("ping_pong", mode="wrap")
+    @field_validator("ping_pong", "intra_wg_overlap", mode="wrap")
     @classmethod
     def _ping_pong(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:

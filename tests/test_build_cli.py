@@ -1,0 +1,216 @@
+"""CLI stage: `fa4gen plan`, `fa4gen build` error handling and `fa4gen cache`, through `python -m fa4gen`.
+
+Expected outputs come from the Python API (plan_kernels, render_spec, DiskCache) so the CLI is
+checked against the stages it wraps. Every run happens in a tmp project (copy of specs/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4gen.builder import render_spec
+from fa4gen.compile.cache import DiskCache
+from fa4gen.plan import plan_kernels
+from fa4gen.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD_EXTRA = "name: extra_ok\ntargets: [sm90]\ndtype: fp16\nhead_dim: 64\n"
+BAD_TWO_PROBLEMS = "name: bad_spec\ntargets: [sm90]\ndtype: fp8\nhead_dim: 100\n"
+OVER_BUDGET = (
+    "name: too_big\ntargets: [sm90]\ndtype: bf16\nhead_dim: 256\n"
+    "pipeline:\n  tile_n: 256\n  kv_stages: 4\n"
+)
+
+
+def fa4gen_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_QUIET": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "fa4gen", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "specs", tmp_path / "specs")
+    return tmp_path
+
+
+def _no_traceback(result: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+
+def test_plan_prints_the_plan(work: Path):
+    result = fa4gen_cli("plan", "specs/llama3_8b.yaml", "--arch", "sm90", cwd=work)
+    assert result.returncode == 0, result.stderr
+    (plan,) = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    assert result.stdout == plan.describe() + "\n"
+    lines = result.stdout.splitlines()
+    assert ["tile_m", "128"] in [line.split() for line in lines]
+    assert ["tile_n", str(plan.tile_n)] in [line.split() for line in lines]
+    smem = plan.budgets[0]
+    assert f"shared memory per CTA: {smem.used} / {227 * 1024} bytes" in result.stdout
+    assert re.search(r"register file per SM: \d+ / 65536 regs", result.stdout)
+
+
+def test_plan_json(work: Path):
+    result = fa4gen_cli("plan", "specs/gemma2_9b.yaml", "--json", cwd=work)
+    assert result.returncode == 0, result.stderr
+    (plan,) = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
+    assert json.loads(result.stdout) == json.loads(plan.to_json())
+
+
+def test_plan_sm100_not_available(work: Path):
+    result = fa4gen_cli("plan", "specs/deepseek_mla.yaml", "--arch", "sm100", cwd=work)
+    assert result.returncode == 2
+    assert "not available yet" in result.stderr
+    assert result.stderr.startswith("deepseek_mla [sm100]: targets:")
+    assert result.stdout == ""
+    _no_traceback(result)
+
+
+def test_plan_arch_not_in_targets(work: Path):
+    result = fa4gen_cli("plan", "specs/llama3_8b.yaml", "--arch", "sm100", cwd=work)
+    assert result.returncode == 2
+    assert "targets:" in result.stderr and "not among the spec's targets" in result.stderr
+    _no_traceback(result)
+
+
+def test_plan_over_budget(work: Path):
+    (work / "big.yaml").write_text(OVER_BUDGET)
+    result = fa4gen_cli("plan", "big.yaml", cwd=work)
+    assert result.returncode == 2
+    assert "shared memory" in result.stderr and result.stderr.startswith("too_big [sm90]: pipeline")
+    _no_traceback(result)
+
+
+# --- build errors ------------------------------------------------------------------------------
+
+
+def test_build_invalid_spec(work: Path):
+    (work / "bad.yaml").write_text(BAD_TWO_PROBLEMS)
+    out = work / "X"
+    result = fa4gen_cli("build", "bad.yaml", "--out", str(out), cwd=work)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr
+    assert lines[0].startswith("bad.yaml: dtype: ") and "'fp8'" in lines[0]
+    assert lines[1].startswith("bad.yaml: head_dim: ") and "100" in lines[1]
+    assert not (out / "bad_spec").exists()
+    _no_traceback(result)
+
+
+def test_build_good_and_bad(work: Path):
+    (work / "bad.yaml").write_text(BAD_TWO_PROBLEMS)
+    out = work / "X"
+    result = fa4gen_cli("build", "specs/llama3_8b.yaml", "bad.yaml", "--out", str(out), cwd=work)
+    assert result.returncode == 2
+    assert [line.split(":")[1].strip() for line in result.stderr.splitlines()] == ["dtype", "head_dim"]
+    assert not (out / "bad_spec").exists()
+    pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
+    written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
+    assert written == pkg.files
+    # and it matches the committed package
+    for rel, text in written.items():
+        assert (ROOT / "generated" / "llama3_8b" / rel).read_text() == text
+    assert "llama3_8b" in result.stdout and "wrote 3 file(s)" in result.stdout
+
+
+def test_build_plan_failure_writes_nothing_for_that_spec(work: Path):
+    (work / "big.yaml").write_text(OVER_BUDGET)
+    (work / "ok.yaml").write_text(GOOD_EXTRA)
+    out = work / "X"
+    result = fa4gen_cli("build", "big.yaml", "ok.yaml", "--out", str(out), cwd=work)
+    assert result.returncode == 2
+    assert "shared memory" in result.stderr
+    assert all(line.startswith("too_big [sm90]: ") for line in result.stderr.splitlines())
+    assert not (out / "too_big").exists()
+    assert (out / "extra_ok" / "fwd_sm90.py").is_file()
+    _no_traceback(result)
+
+
+def test_build_compile_sm100_not_available(work: Path):
+    out = work / "X"
+    result = fa4gen_cli("build", "--compile", "--arch", "sm100", "specs/deepseek_mla.yaml", "--out", str(out), cwd=work)
+    assert result.returncode == 2
+    assert "not available yet" in result.stderr
+    assert "deepseek_mla [sm100]" in result.stderr
+    assert "compiling" not in result.stderr
+    assert not (out / "deepseek_mla").exists()
+    _no_traceback(result)
+
+
+def test_build_without_compile_lists_sm100_as_not_available(work: Path):
+    out = work / "X"
+    result = fa4gen_cli("build", "specs/deepseek_mla.yaml", "--out", str(out), cwd=work)
+    assert result.returncode == 0, result.stderr
+    row = [line for line in result.stdout.splitlines() if " sm100 " in line]
+    assert len(row) == 1 and "not available yet" in row[0]
+    lock = json.loads((out / "deepseek_mla" / "spec.lock.json").read_text())
+    assert [p["arch"] for p in lock["plans"]] == ["sm90"]
+    assert "not available yet" in lock["unavailable_targets"]["sm100"]
+
+
+def test_build_missing_file(work: Path):
+    result = fa4gen_cli("build", "nope.yaml", "--out", "X", cwd=work)
+    assert result.returncode == 2
+    assert result.stderr.startswith("nope.yaml: <document>: ")
+    assert "not found" in result.stderr
+    assert not (work / "X").exists()
+    _no_traceback(result)
+
+
+def test_build_yaml_syntax_error(work: Path):
+    (work / "broken.yaml").write_text("name: broken\ntargets: [sm90\ndtype: bf16\n")
+    result = fa4gen_cli("build", "broken.yaml", "--out", "X", cwd=work)
+    assert result.returncode == 2
+    assert "YAML syntax error" in result.stderr
+    m = re.search(r"at line (\d+), column (\d+)", result.stderr)
+    assert m and 2 <= int(m.group(1)) <= 4
+    assert not (work / "X").exists()
+    _no_traceback(result)
+
+
+def test_build_check_with_problems_exits_2_not_1(work: Path):
+    """Spec problems win over staleness: exit 2, and the problem is named."""
+    (work / "bad.yaml").write_text(BAD_TWO_PROBLEMS)
+    result = fa4gen_cli("build", "--check", "bad.yaml", "--out", "X", cwd=work)
+    assert result.returncode == 2
+    assert "head_dim" in result.stderr
+
+
+# --- cache ---------------------------------------------------------------------------------------
+
+
+def test_cache_ls_and_clear(tmp_path: Path):
+    root = tmp_path / "cache"
+    env = {"FA4GEN_CACHE_DIR": str(root)}
+    empty = fa4gen_cli("cache", "ls", cwd=tmp_path, env=env)
+    assert empty.returncode == 0, empty.stderr
+    assert f"cache: {root} (0 entries)" in empty.stdout
+
+    key = "ab" * 32
+    DiskCache(root).put(key, b"\x7fELF fake object", {"name": "llama3_8b.fwd_sm90", "arch": "sm_90a", "registers": 168})
+    listed = fa4gen_cli("cache", "ls", cwd=tmp_path, env=env)
+    assert listed.returncode == 0
+    assert "(1 entries)" in listed.stdout
+    row = [line for line in listed.stdout.splitlines() if line.startswith(key[:16])]
+    assert len(row) == 1 and row[0].split()[1:4] == ["llama3_8b.fwd_sm90", "sm_90a", "168"]
+
+    cleared = fa4gen_cli("cache", "clear", cwd=tmp_path, env=env)
+    assert cleared.returncode == 0
+    assert cleared.stdout.strip() == f"removed 1 entries from {root}"
+    assert not (root / key).exists()
+    assert DiskCache(root).ls() == []
+    assert "(0 entries)" in fa4gen_cli("cache", "ls", cwd=tmp_path, env=env).stdout

@@ -1,0 +1,124 @@
+"""Compile stage on the CPU: every committed generated kernel compiles for its arch, and its SASS has
+the shape its plan says (HGMMA count, TMA, no spills, MUFU.EX2 traded for FFMA by poly-exp).
+
+Everything is compiled once per module into a tmp cache (FA4GEN_CACHE_DIR), then compiled again
+to check that the second compile is a cache hit.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from fa4gen.builder import compile_package, plan_spec
+from fa4gen.spec import load_spec
+
+pytestmark = pytest.mark.compile
+
+pytest.importorskip("cutlass")
+from fa4gen.compile.sass import find_nvdisasm  # noqa: E402
+
+if find_nvdisasm() is None:
+    pytest.skip("nvdisasm not installed (needed for the SASS summary)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))
+NAMES = [p.stem for p in SPEC_FILES]
+REG_FILE = 64 * 1024
+
+
+def _compile_all(names):
+    out = {}
+    for name in names:
+        spec = load_spec(ROOT / "specs" / f"{name}.yaml")
+        plans, _ = plan_spec(spec)
+        start = time.perf_counter()
+        reports = compile_package(ROOT / "generated" / name, f"generated.{name}", plans, keep_sass=True)
+        out[name] = (spec, plans, reports, time.perf_counter() - start)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fa4gen-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FA4GEN_CACHE_DIR", str(root))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def compiled(cache_root):
+    start = time.perf_counter()
+    result = _compile_all(NAMES)
+    total = time.perf_counter() - start
+    print(f"\ncompiled {sum(len(r[2]) for r in result.values())} kernels in {total:.1f} s")
+    return result
+
+
+@pytest.fixture(scope="module")
+def recompiled(compiled, cache_root):
+    return _compile_all(NAMES)
+
+
+def _sass(report):
+    return report.meta["sass"]
+
+
+def test_every_spec_has_an_sm90_kernel(compiled):
+    for name, (spec, plans, reports, _) in compiled.items():
+        assert [p.arch for p in plans] == [t for t in spec.targets if t == "sm90"]
+        assert [r.arch for r in reports] == [p.arch for p in plans]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_compiles_with_expected_sass(compiled, name):
+    spec, plans, reports, _ = compiled[name]
+    for plan, r in zip(plans, reports):
+        assert r.status == "compiled", r.detail
+        assert r.meta["arch"] == plan.cute_arch
+        assert r.meta["cubin_arch"].startswith("sm_90")
+        s = _sass(r)
+        # S = Q·Kᵀ: head_dim/16 WGMMAs of N = tile_n; O += P·V: tile_n/16 WGMMAs of N = head_dim_v
+        assert s["hgmma"] == plan.head_dim // 16 + plan.tile_n // 16
+        assert s["ldl"] == 0 and s["stl"] == 0
+        assert r.meta.get("spill_stores") in (0, None) and r.meta.get("spill_loads") in (0, None)
+        assert s["utmaldg"] > 0 and s["utmastg"] > 0
+        assert s["mufu_ex2"] > 0
+        assert s["utchmma"] == 0  # no tcgen05 MMA in an sm90 kernel
+        # a CTA of `threads` threads must fit the register file at launch
+        assert r.meta["registers"] * plan.threads <= REG_FILE
+        # one MUFU.EX2 per score a thread holds (2 rows x tile_n/4 cols), minus the polynomial ones
+        poly_cols = sum(1 for c in range(plan.tile_n // 4) if plan.poly_every and c % plan.poly_every == plan.poly_every - 1)
+        assert s["mufu_ex2"] >= 2 * (plan.tile_n // 4 - poly_cols)
+
+
+def _poly_exp2_per_tile(plan) -> int:
+    every = plan.poly_every
+    return 2 * sum(1 for c in range(plan.tile_n // 4) if c % every == every - 1)
+
+
+def test_poly_exp_trades_mufu_for_ffma(compiled):
+    _, (base_plan,), (base,), _ = compiled["llama3_8b"]
+    _, (poly_plan,), (poly,), _ = compiled["fa4_pipeline"]
+    assert (base_plan.head_dim, base_plan.tile_n, base_plan.mask_kind) == (
+        poly_plan.head_dim, poly_plan.tile_n, poly_plan.mask_kind
+    )
+    assert base_plan.poly_every == 0 and poly_plan.poly_every > 0
+    expected = _poly_exp2_per_tile(poly_plan)
+    assert expected == 8  # every 7th of 32 columns (c = 6, 13, 20, 27) on 2 rows
+    assert _sass(base)["mufu_ex2"] - _sass(poly)["mufu_ex2"] == expected
+    assert _sass(poly)["ffma"] > _sass(base)["ffma"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_second_compile_is_a_cache_hit(compiled, recompiled, cache_root, name):
+    _, plans, first, _ = compiled[name]
+    _, _, second, _ = recompiled[name]
+    assert [r.status for r in second] == ["cached"] * len(plans)
+    for a, b in zip(first, second):
+        assert _sass(a)["hgmma"] == _sass(b)["hgmma"] and _sass(a)["mufu_ex2"] == _sass(b)["mufu_ex2"]
+        assert b.meta["registers"] == a.meta["registers"]
+    # the entries live under the tmp cache, one per kernel
+    assert len([p for p in cache_root.iterdir() if p.is_dir()]) == sum(len(v[1]) for v in compiled.values())
