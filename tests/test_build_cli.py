@@ -80,6 +80,17 @@ def test_plan_sm100_not_available(work: Path):
     _no_traceback(result)
 
 
+@pytest.mark.xfail(strict=True, reason="bug: `fa4gen plan SPEC` without --arch exits 2 for any spec that also targets "
+                   "sm100 (after printing the sm90 plan), while `fa4gen build` lists the same target as 'not available "
+                   "yet' and exits 0")
+def test_plan_without_arch_skips_unavailable_targets(work: Path):
+    result = fa4gen_cli("plan", "specs/deepseek_mla.yaml", cwd=work)
+    (plan,) = plan_kernels(load_spec(work / "specs" / "deepseek_mla.yaml"), "sm90")
+    assert plan.describe() in result.stdout
+    assert "not available yet" in result.stdout + result.stderr
+    assert result.returncode == 0
+
+
 def test_plan_arch_not_in_targets(work: Path):
     result = fa4gen_cli("plan", "specs/llama3_8b.yaml", "--arch", "sm100", cwd=work)
     assert result.returncode == 2
@@ -120,10 +131,7 @@ def test_build_good_and_bad(work: Path):
     assert not (out / "bad_spec").exists()
     pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
     written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
-    assert written == pkg.files
-    # and it matches the committed package
-    for rel, text in written.items():
-        assert (ROOT / "generated" / "llama3_8b" / rel).read_text() == text
+    assert written == pkg.files  # (test_render checks these against the committed generated/)
     assert "llama3_8b" in result.stdout and "wrote 3 file(s)" in result.stdout
 
 

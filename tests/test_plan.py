@@ -46,6 +46,7 @@ PIPELINES = [
     {"poly_exp": {"share": 0.5, "degree": 5}, "tile_n": 48},
     {"poly_exp": {"share": 1.0, "degree": 2}, "kv_stages": 1},
     {"poly_exp": {"share": 0.3, "degree": 1}, "ping_pong": True, "kv_stages": "auto"},
+    {"intra_wg_overlap": False, "tile_n": 32, "kv_stages": 4},
 ]
 
 
@@ -161,6 +162,8 @@ def test_spec_fields_carried_into_plan(spec):
         assert plan.kv_stages == p.kv_stages
     if p.ping_pong != "auto":
         assert plan.ping_pong is p.ping_pong
+    if p.intra_wg_overlap != "auto":
+        assert plan.intra_wg_overlap is p.intra_wg_overlap
     assert plan.softcap == spec.softcap and plan.has_softcap == (spec.softcap > 0)
     assert plan.rescale_threshold == p.rescale_threshold
     assert plan.write_lse == spec.return_lse
@@ -202,7 +205,7 @@ def test_auto_is_resolved(spec):
     leaves = list(_walk(plan.to_dict()))
     assert "auto" not in leaves
     assert not any(isinstance(v, str) and "auto" == v.strip().lower() for v in leaves)
-    assert isinstance(plan.ping_pong, bool)
+    assert isinstance(plan.ping_pong, bool) and isinstance(plan.intra_wg_overlap, bool)
     assert all(isinstance(getattr(plan, f), int) and not isinstance(getattr(plan, f), bool)
                for f in ("tile_m", "tile_n", "kv_stages", "threads"))
 

@@ -253,6 +253,20 @@ def test_committed_maskless_variant_has_no_mask_code(name):
     assert "mask." not in text and "window_left" not in text and "softcap" not in text
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_intra_wg_overlap_switch(overlap):
+    spec = spec_from_dict({"name": "ov", "targets": ["sm90"], "dtype": "bf16", "head_dim": 128,
+                           "pipeline": {"intra_wg_overlap": overlap}})
+    pkg, (plan,), _ = render_spec(spec, "specs/ov.yaml")
+    kernel = pkg.files["fwd_sm90.py"]
+    ast.parse(kernel)
+    assert plan.intra_wg_overlap is overlap
+    copies = 2 if overlap else 1  # the overlapped loop peels the first S and the last P·V
+    assert kernel.count("softmax.online_softmax_step(") == copies
+    assert kernel.count("cute.gemm(tiled_mma_qk") == copies and kernel.count("cute.gemm(tiled_mma_pv") == copies
+    assert ("warpgroup.wait_group(1)" in kernel) == overlap
+
+
 def test_committed_poly_exp_spec():
     (plan,) = plan_kernels(load_spec(ROOT / "specs" / "fa4_pipeline.yaml"), "sm90")
     assert plan.poly_every == 7

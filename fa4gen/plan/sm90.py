@@ -1,8 +1,8 @@
 """Plan stage: rules that resolve a spec into an SM90 (Hopper) forward KernelPlan.
 
-Warp roles: one producer warpgroup (its first warp issues every TMA load) and two consumer
-warpgroups of 64 query rows each (tile_m = 128), which run S = Q·Kᵀ and O += P·V on WGMMA with P
-fed from registers. Budgets checked here: shared memory per CTA (227 KB opt-in on H100/H200) and
+Warp roles: one producer warpgroup (its first warp issues every TMA load) and two or three consumer
+warpgroups of 64 query rows each (tile_m = 128 or 192), which run S = Q·Kᵀ and O += P·V on WGMMA
+with P fed from registers. Budgets checked here: shared memory per CTA (227 KB opt-in on H100/H200) and
 the consumer register budget under setmaxnreg.
 """
 
@@ -15,11 +15,11 @@ from fa4gen.spec import AttentionSpec
 SMEM_BUDGET = 227 * 1024
 REG_FILE = 64 * 1024
 REGS_PRODUCER = 24
-REGS_CONSUMER = 240
-NUM_MMA_WARPGROUPS = 2
+# setmaxnreg budgets per consumer thread, by consumer warpgroup count (the register file is 64K).
+REGS_CONSUMER = {2: 240, 3: 160}
 # Registers a consumer thread needs besides the S/P/O fragments (addresses, row stats, loop state);
 # measured from ptxas on the d128 kernel and rounded up.
-REGS_OVERHEAD = 40
+REGS_OVERHEAD = 32
 DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
 
@@ -41,13 +41,17 @@ def _poly(spec: AttentionSpec):
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
     problems = []
     p = spec.pipeline
-    tile_m = 64 * NUM_MMA_WARPGROUPS
-    if p.tile_m != "auto" and p.tile_m != tile_m:
+    # FA3/FA4's choice: three consumer warpgroups (192 rows) when head_dim <= 64, else two.
+    tile_m = (192 if spec.head_dim <= 64 else 128) if p.tile_m == "auto" else p.tile_m
+    if tile_m not in (128, 192):
         problems.append(problem(
             "pipeline.tile_m",
-            f"the sm90 family runs {NUM_MMA_WARPGROUPS} consumer warpgroups of 64 rows, so tile_m must be "
-            f"{tile_m} or 'auto' (got {p.tile_m})",
+            f"the sm90 family runs 2 or 3 consumer warpgroups of 64 rows, so tile_m must be 128, 192 or "
+            f"'auto' (got {p.tile_m})",
         ))
+        tile_m = 128
+    num_wg = tile_m // 64
+    regs_consumer = REGS_CONSUMER[num_wg]
     tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
     kv_stages = 2 if p.kv_stages == "auto" else p.kv_stages
     if spec.head_dim_v > spec.head_dim:
@@ -72,10 +76,10 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         + (1 + 2 * kv_stages) * 2 * 8
     )
     regs = spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
-    reg_file = 128 * REGS_PRODUCER + 128 * NUM_MMA_WARPGROUPS * REGS_CONSUMER
+    reg_file = 128 * REGS_PRODUCER + 128 * num_wg * regs_consumer
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
-        Budget("consumer registers per thread (estimate)", regs, REGS_CONSUMER, "regs"),
+        Budget("consumer registers per thread (estimate)", regs, regs_consumer, "regs"),
         Budget("register file per SM", reg_file, REG_FILE, "regs"),
     )
     if smem > SMEM_BUDGET:
@@ -84,10 +88,10 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
             f"K/V {tile_n}x({spec.head_dim}+{spec.head_dim_v}) need {smem} bytes > {SMEM_BUDGET} (227 KB per CTA "
             "on sm90); lower pipeline.tile_n or pipeline.kv_stages",
         ))
-    if regs > REGS_CONSUMER:
+    if regs > regs_consumer:
         problems.append(problem(
             "pipeline.tile_n", f"consumer register budget exceeded: O ({spec.head_dim_v // 2}) + S ({tile_n // 2}) + "
-            f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {REGS_CONSUMER}; lower pipeline.tile_n",
+            f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {regs_consumer}; lower pipeline.tile_n",
         ))
     if problems:
         raise PlanError(f"{spec.name} [sm90]", problems)
@@ -99,7 +103,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     overlap = True if p.intra_wg_overlap == "auto" else p.intra_wg_overlap
     notes = []
     if p.ping_pong == "auto":
-        notes.append("ping_pong auto -> on (FA3's choice for 2 consumer warpgroups)")
+        notes.append("ping_pong auto -> on (FA3's choice)")
     if p.intra_wg_overlap == "auto":
         notes.append("intra_wg_overlap auto -> on (FA3's choice)")
     if every:
@@ -121,13 +125,13 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         tile_m=tile_m,
         tile_n=tile_n,
         kv_stages=kv_stages,
-        num_mma_warpgroups=NUM_MMA_WARPGROUPS,
-        threads=128 * (NUM_MMA_WARPGROUPS + 1),
+        num_mma_warpgroups=num_wg,
+        threads=128 * (num_wg + 1),
         regs_producer=REGS_PRODUCER,
-        regs_consumer=REGS_CONSUMER,
+        regs_consumer=regs_consumer,
         ping_pong=ping_pong,
         intra_wg_overlap=overlap,
-        scheduler="grid",
+        scheduler="grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
         mask_kind=kind,
         causal=kind == "causal",
         local=kind == "sliding_window",

@@ -39,7 +39,7 @@ RESCALE_VOTE = True  # skip O rescales no row of the warp needs
 POLY_EVERY = 0
 POLY_COEFFS = (1.0, 0.6951228927403901, 0.22764557917167136, 0.07705804610906532)
 MASK = dict(causal=False, local=True, chunked=False)
-PINGPONG_BARRIER = 2  # named barriers 2 and 3: one "your turn on the tensor core" per consumer warpgroup
+PINGPONG_BARRIER = 2  # named barriers 2, 3[, 4]: one "your turn on the tensor core" per consumer warpgroup
 EPILOGUE_BARRIER = 1
 
 
@@ -107,6 +107,7 @@ class FlashFwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        m_block = cute.arch.grid_dim()[0] - 1 - m_block  # longest (most key blocks) query tiles first
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = NUM_MMA_WG * 4
@@ -170,7 +171,8 @@ class FlashFwdSm90:
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, KV_STAGES)
-            if wg_c == 1:
+            if wg_c == NUM_MMA_WG - 1:
+                # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
             if n_max > n_min:
                 # first key block: S only; its P·V is issued together with the next S
@@ -198,9 +200,9 @@ class FlashFwdSm90:
                 n_block = n_max - 2 - i
                 v_state = kv_state.clone()
                 kv_state.advance()
+                pipe_k.consumer_wait(kv_state)
                 cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
                 # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
-                pipe_k.consumer_wait(kv_state)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
@@ -211,7 +213,7 @@ class FlashFwdSm90:
                 for k in cutlass.range_constexpr(TILE_N // 16):
                     cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
                 warpgroup.commit_group()
-                cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + 1 - wg_c, number_of_threads=2 * 128)
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(kv_state)
                 softmax.apply_softcap(acc_S, softcap_pre)
@@ -239,7 +241,7 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
             if wg_c == 0:
-                # balance warpgroup 1's initial hand-over: every turn given is taken
+                # take the last warpgroup's final hand-over: every turn given is taken
                 cute.arch.barrier(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
 
             # Epilogue: normalize O; write LSE; O -> smem (reusing Q's buffer) -> TMA store

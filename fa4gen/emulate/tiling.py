@@ -1,0 +1,77 @@
+"""Emulator: the kernel's index math in plain Python — mask bounds, key-block ranges, and which
+score columns a thread evaluates with the polynomial exp2.
+
+Mirrors fa4gen/device/mask.py line for line (same names, same arguments, ints instead of Int32)
+and the SM90 accumulator fragment layout of fa4gen/device/layout.py. Keep the two in step: the
+emulator is only worth something if it makes the kernel's decisions, not the textbook ones.
+"""
+
+from __future__ import annotations
+
+NO_BOUND = -1  # run-time value meaning "unbounded" for a window side
+
+
+def row_bounds(pos, seqlen_k, window_left, window_right, chunk, *, causal, local, chunked):
+    """[lo, hi) of the keys visible from key-space position `pos` (may be empty)."""
+    lo, hi = 0, seqlen_k
+    if causal or chunked:
+        hi = min(hi, pos + 1)
+    if chunked:
+        lo = max(pos, 0) // chunk * chunk
+    if local:
+        if window_right >= 0:
+            hi = min(hi, pos + window_right + 1)
+        if window_left >= 0:
+            lo = max(lo, pos - window_left)
+    return lo, hi
+
+
+def tile_bounds(m_block, tile_m, seqlen_q, seqlen_k, window_left, window_right, chunk, *, causal, local, chunked):
+    """(lo, hi) of the first and of the last valid query row of `m_block`."""
+    shift = seqlen_k - seqlen_q
+    first_pos = m_block * tile_m + shift
+    last_pos = min(m_block * tile_m + tile_m, seqlen_q) - 1 + shift
+    kw = dict(causal=causal, local=local, chunked=chunked)
+    lo_first, hi_first = row_bounds(first_pos, seqlen_k, window_left, window_right, chunk, **kw)
+    lo_last, hi_last = row_bounds(last_pos, seqlen_k, window_left, window_right, chunk, **kw)
+    return lo_first, hi_first, lo_last, hi_last
+
+
+def n_block_range(bounds, tile_n):
+    """[n_min, n_max) key blocks that hold any key visible from the tile's rows."""
+    lo_first, _, _, hi_last = bounds
+    n_min = max(lo_first, 0) // tile_n
+    n_max = max((hi_last + tile_n - 1) // tile_n, n_min)
+    return n_min, n_max
+
+
+def tile_needs_mask(bounds, n_block, tile_n) -> bool:
+    """True unless every row of the tile sees every column of key block `n_block`."""
+    _, hi_first, lo_last, _ = bounds
+    return (n_block + 1) * tile_n > hi_first or n_block * tile_n < lo_last
+
+
+def visit_order(n_min: int, n_max: int) -> list[int]:
+    """Key blocks in the order the kernel visits them: last block first (the producer loads
+    n_max - 1 - i on iteration i, so the ragged/masked block comes first)."""
+    return list(range(n_max - 1, n_min - 1, -1))
+
+
+def fragment_column(col: int) -> int:
+    """Index c of tile column `col` within its thread's row fragment on SM90.
+
+    A WGMMA accumulator gives lane t of a quad the columns 8 * (c // 2) + 2 * t + (c % 2) for
+    c in range(tile_n // 4); the (row, col) view (layout.rows_cols) enumerates them in that order.
+    """
+    return 2 * (col // 8) + col % 2
+
+
+def poly_columns(tile_n: int, poly_every: int) -> list[bool]:
+    """For each column of a key tile: is its exp2 evaluated with the polynomial?
+
+    softmax.online_softmax_step uses the polynomial for fragment element c when
+    c % poly_every == poly_every - 1 (every k-th exp2 of each thread's row), MUFU otherwise.
+    """
+    if poly_every <= 0:
+        return [False] * tile_n
+    return [fragment_column(col) % poly_every == poly_every - 1 for col in range(tile_n)]
