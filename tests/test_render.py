@@ -8,6 +8,7 @@ specs/ and generated/ (the templates are always the repo's).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import io
 import itertools
@@ -405,8 +406,6 @@ def test_label_from_a_nasty_file_name_via_cli(tmp_path: Path):
 def test_render_package_rejects_non_identifier_plan_fields():
     spec = load_spec(ROOT / "specs" / "llama3_8b.yaml")
     (plan,) = plan_kernels(spec, "sm90")
-    import dataclasses
-
     evil = dataclasses.replace(plan, class_name="X:\n    import os")
     with pytest.raises(ValueError, match="identifier"):
         render_package(spec, [evil], spec_label="x", unavailable={})

@@ -41,8 +41,10 @@ def _poly(spec: AttentionSpec):
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
     problems = []
     p = spec.pipeline
-    # FA3/FA4's choice: three consumer warpgroups (192 rows) when head_dim <= 64, else two.
-    tile_m = (192 if spec.head_dim <= 64 else 128) if p.tile_m == "auto" else p.tile_m
+    # Two consumer warpgroups by default. FA3/FA4 run three (tile_m 192) for head_dim <= 64, but with
+    # it our d64 cells fell to 0.68-0.78x flash-attn-4 in the same run, against 0.79-1.00x with 128
+    # (docs/perf/2026-11-29_fwd_tilem192.json vs 2026-11-29_foundation_fwd.json), so 192 is opt-in.
+    tile_m = 128 if p.tile_m == "auto" else p.tile_m
     if tile_m not in (128, 192):
         problems.append(problem(
             "pipeline.tile_m",

@@ -1,0 +1,49 @@
+"""CLI stage: `fa4gen test` — golden tests of generated variants (fa4gen.golden).
+
+Registered on the `fa4gen` group from fa4gen.cli.main. Arguments that name no generated package
+exit 2 with one line each; any failing check exits 1 after the whole table is printed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from fa4gen.cli.main import _table, exit_with_problems, main
+
+
+@main.command("test")
+@click.argument("specs", nargs=-1, type=click.Path(path_type=str))
+@click.option("--all", "all_packages", is_flag=True, help="Every generated package under --out.")
+@click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path),
+              help="Where spec files' packages live (and what --all scans).")
+@click.option("--cpu", "cpu_only", is_flag=True, help="CPU checks only (compile + SASS, emulator), even with a GPU.")
+def test(specs: tuple[str, ...], all_packages: bool, out: Path, cpu_only: bool) -> None:
+    """Golden tests of generated variants: SPEC files, package folders (anywhere), or --all.
+
+    With a Hopper GPU, each sm90 kernel runs against the exact reference and the CPU emulator of
+    its plan; otherwise (and for other targets) each kernel is compiled and its SASS checked, and
+    the plan's algorithm is emulated against the exact reference.
+    """
+    from fa4gen.golden import has_hopper, resolve, run, table_rows
+
+    if not specs and not all_packages:
+        exit_with_problems(["fa4gen test: name spec files or generated package folders, or pass --all"])
+    variants, problems = resolve(list(specs), out=out, all_packages=all_packages)
+    if problems:
+        exit_with_problems(problems)
+    if not variants:
+        exit_with_problems([f"fa4gen test: no generated packages found under {out}"])
+    gpu = False if cpu_only else has_hopper()
+    click.echo(f"fa4gen test: {len(variants)} variant(s), {'Hopper GPU' if gpu else 'CPU only'}", err=True)
+    start = time.perf_counter()
+    results = run(variants, gpu=gpu, progress=lambda line: click.echo(line, err=True))
+    click.echo(_table(table_rows(results)))
+    failed = sum(r.failed for r in results)
+    passed = sum(r.status == "pass" for r in results)
+    skipped = sum(r.status == "skip" for r in results)
+    click.echo(f"{passed} passed, {failed} failed, {skipped} skipped in {time.perf_counter() - start:.1f}s")
+    if failed:
+        raise SystemExit(1)

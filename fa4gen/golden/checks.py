@@ -1,0 +1,224 @@
+"""Golden tests: the checks `fa4gen test` runs on one kernel of a generated variant.
+
+  compile + SASS          (any machine) the kernel compiles for its arch through the cache; its
+                          SASS has the arch's MMA (HGMMA / UTC*MMA) and TMA loads, and no spills
+  emulator vs reference   (CPU) the plan's algorithm, emulated, is within the error budget
+  kernel vs reference     (Hopper GPU) numerics of the real kernel, output poisoned before the call
+  kernel vs emulator      (Hopper GPU) the same, against the emulator, per element in ulps
+
+Every numeric check runs the same cases: CASE_SHAPES (tile multiples and not, seqlen_q < and >
+seqlen_k, seqlen 1, MHA/GQA/MQA) with the spec's own window/chunk and, for windowed or chunked
+specs, a small run-time one that masks whole rows and tiles.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fa4gen.emulate import EMULATED_ARCHS, Algorithm, emulate_forward
+from fa4gen.golden import tolerance
+from fa4gen.golden.variants import Variant
+from fa4gen.reference import attention_ref, mask_semantics
+
+CASE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
+    (2, 128, 128, 4, 4),
+    (2, 113, 203, 4, 2),
+    (1, 300, 257, 6, 1),
+    (3, 1, 1, 2, 2),
+    (1, 250, 100, 2, 2),
+    (1, 64, 700, 4, 4),
+    (1, 1000, 1000, 2, 1),
+]
+RUNTIME_WINDOW = (37, 5)
+RUNTIME_CHUNK = 64
+MMA_OPCODE = {"sm90": "hgmma", "sm100": "utchmma"}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    variant: str
+    arch: str
+    check: str
+    status: str  # "pass" | "FAIL" | "skip"
+    detail: str
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAIL"
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: tuple[int, int, int, int, int]
+    window: tuple[int, int] | None
+    chunk_size: int | None
+
+    def label(self) -> str:
+        extra = f" window={self.window}" if self.window else f" chunk_size={self.chunk_size}" if self.chunk_size else ""
+        return f"shape={self.shape}{extra}"
+
+    def kwargs(self) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if self.window is not None:
+            kw["window"] = self.window
+        if self.chunk_size is not None:
+            kw["chunk_size"] = self.chunk_size
+        return kw
+
+
+def cases(plan: dict, shapes=CASE_SHAPES) -> Iterator[Case]:
+    for b, s_q, s_k, h, h_kv in shapes:
+        shape = (b, s_q, s_k, h, h_kv if plan["allow_gqa"] else h)
+        yield Case(shape, None, None)
+        if plan["local"]:
+            yield Case(shape, RUNTIME_WINDOW, None)
+        if plan["chunked"]:
+            yield Case(shape, None, RUNTIME_CHUNK)
+
+
+def make_inputs(plan: dict, case: Case, *, seed: int, device="cpu"):
+    b, s_q, s_k, h, h_kv = case.shape
+    dtype = TORCH_DTYPES[plan["dtype"]]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda s, hh, d: torch.randn(b, s, hh, d, device=device, dtype=dtype, generator=gen)  # noqa: E731
+    return mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"])
+
+
+def _seed(variant: Variant, case: Case) -> int:
+    return zlib.crc32(f"{variant.name}/{case.label()}".encode())
+
+
+class _Worst:
+    """Keeps the worst Comparison of a series of cases, and the case it came from."""
+
+    def __init__(self, name: str):
+        self.name, self.worst, self.detail, self.failed = name, -1.0, "", []
+
+    def add(self, cmp: tolerance.Comparison, case: Case) -> None:
+        if not cmp.ok:
+            self.failed.append(f"{case.label()}: {cmp.detail}")
+        if cmp.worst > self.worst:
+            self.worst, self.detail = cmp.worst, f"{cmp.detail} at {case.label()}"
+
+    def result(self, variant: Variant, arch: str, n: int, seconds: float) -> CheckResult:
+        if self.failed:
+            more = f" (+{len(self.failed) - 1} more)" if len(self.failed) > 1 else ""
+            return CheckResult(variant.name, arch, self.name, "FAIL", self.failed[0] + more, seconds)
+        return CheckResult(variant.name, arch, self.name, "pass", f"{n} cases; worst {self.detail}", seconds)
+
+
+# --- CPU ----------------------------------------------------------------------------------------
+
+
+def emulator_vs_reference(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> CheckResult:
+    """The plan's algorithm, emulated on the CPU, against the exact (fp64) reference."""
+    start = time.perf_counter()
+    if plan["arch"] not in EMULATED_ARCHS:
+        return CheckResult(variant.name, plan["arch"], "emulator vs reference", "skip",
+                           f"no emulator for {plan['arch']} yet")
+    algo = Algorithm.from_plan(plan)
+    worst = _Worst("emulator vs reference")
+    n = 0
+    for case in cases(plan, shapes):
+        q, k, v = make_inputs(plan, case, seed=_seed(variant, case))
+        emu, emu_lse = emulate_forward(q, k, v, algo, **case.kwargs())
+        sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
+        exact, exact_lse = attention_ref(q, k, v, **sem)
+        low, _ = attention_ref(q, k, v, upcast=False, **sem)
+        worst.add(tolerance.against_reference(emu, exact, low), case)
+        worst.add(tolerance.lse_against_reference(emu_lse, exact_lse), case)
+        n += 1
+    return worst.result(variant, plan["arch"], n, time.perf_counter() - start)
+
+
+def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
+    """Compile (or load from the cache) one kernel and check its SASS; needs no GPU."""
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.generated import compile_generated
+    from fa4gen.compile.sass import find_nvdisasm
+
+    arch, check = plan["arch"], "compile + SASS"
+    if find_nvdisasm() is None:
+        return CheckResult(variant.name, arch, check, "FAIL",
+                           "nvdisasm not found (pip install nvidia-cuda-nvdisasm); SASS cannot be checked")
+    start = time.perf_counter()
+    try:
+        res = compile_generated(
+            variant.path / f"{plan['module']}.py", f"{variant.import_name}.{plan['module']}", plan,
+            cache=DiskCache(), keep_sass=True,
+        )
+    except Exception as err:  # noqa: BLE001 - one failing kernel is a table row, not a crash
+        return CheckResult(variant.name, arch, check, "FAIL", f"{type(err).__name__}: {err}",
+                           time.perf_counter() - start)
+    sass = res.meta.get("sass") or {}
+    mma = MMA_OPCODE.get(arch, "hgmma")
+    counts = {mma: sass.get(mma, 0), "utmaldg": sass.get("utmaldg", 0), "ldl": sass.get("ldl", 0),
+              "stl": sass.get("stl", 0)}
+    problems = [f"no {op.upper()}" for op in (mma, "utmaldg") if counts[op] <= 0]
+    problems += [f"{counts[op]} {op.upper()} (spills)" for op in ("ldl", "stl") if counts[op]]
+    how = "cached" if res.cache_hit else f"compiled in {res.seconds:.1f}s"
+    detail = (f"{how}; {mma.upper()} {counts[mma]}, UTMALDG {counts['utmaldg']}, LDL/STL "
+              f"{counts['ldl']}/{counts['stl']}, {res.meta.get('registers')} regs")
+    return CheckResult(variant.name, arch, check, "FAIL" if problems else "pass",
+                       "; ".join(problems) + f" ({detail})" if problems else detail, time.perf_counter() - start)
+
+
+# --- GPU ----------------------------------------------------------------------------------------
+
+
+def has_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> list[CheckResult]:
+    """The real kernel on a Hopper GPU against the exact reference (fp32 on the GPU) and against the
+    emulator (CPU), output poisoned with NaN before every call."""
+    start = time.perf_counter()
+    arch = plan["arch"]
+    pkg = variant.load()
+    algo = Algorithm.from_plan(plan)
+    dtype = TORCH_DTYPES[plan["dtype"]]
+    ref_w, emu_w, ev_w = _Worst("kernel vs reference"), _Worst("kernel vs emulator"), _Worst("emulator vs reference")
+    n = 0
+    for case in cases(plan, shapes):
+        q, k, v = make_inputs(plan, case, seed=_seed(variant, case), device="cuda")
+        b, s_q, _, h, _ = case.shape
+        out = torch.full((b, s_q, h, plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
+        _poison_allocator((b, h, s_q))
+        res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **case.kwargs())
+        lse = res[1] if plan["write_lse"] else None
+        torch.cuda.synchronize()
+        sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
+        exact, exact_lse = attention_ref(q, k, v, **sem)
+        low, _ = attention_ref(q, k, v, upcast=False, **sem)
+        emu, emu_lse = emulate_forward(q.cpu(), k.cpu(), v.cpu(), algo, **case.kwargs())
+        ref_w.add(tolerance.against_reference(out, exact, low), case)
+        emu_w.add(tolerance.against_emulator(out, emu, dtype), case)
+        ev_w.add(tolerance.against_reference(emu.to(exact.device), exact, low), case)
+        if lse is not None:
+            ref_w.add(tolerance.lse_against_reference(lse, exact_lse), case)
+            emu_w.add(tolerance.lse_against_emulator(lse, emu_lse, softcap=plan["softcap"]), case)
+        n += 1
+    took = time.perf_counter() - start
+    return [w.result(variant, arch, n, took) for w in (ref_w, emu_w, ev_w)]
+
+
+def _poison_allocator(shape) -> None:
+    """Leave a NaN-filled block in the caching allocator for the kernel's LSE buffer to reuse."""
+    junk = torch.full(shape, math.nan, device="cuda", dtype=torch.float32)
+    del junk
+
+
+__all__ = [
+    "CASE_SHAPES", "Case", "CheckResult", "cases", "compile_and_sass", "emulator_vs_reference", "has_hopper",
+    "kernel_numerics", "make_inputs",
+]
