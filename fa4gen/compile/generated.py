@@ -46,11 +46,12 @@ def compile_generated(
 ) -> CompileResult:
     """Compile (or load from `cache`) the kernel in `path` for the plan's arch."""
     source = Path(path).read_text()
-    module = import_kernel_module(Path(path), qualified_name)
 
     def build():
+        # Imported only on a cache miss: a hit needs neither the module nor a trace.
         import cutlass.cute as cute
 
+        module = import_kernel_module(Path(path), qualified_name)
         kernel = getattr(module, plan["class_name"])()
         return cute.compile(kernel, *module.fake_arguments(), options=COMPILE_OPTIONS)
 

@@ -1,0 +1,165 @@
+"""Golden tests: a catalogue of bad calls to a generated `attention()`, for fuzzing its input checks.
+
+Each mutation turns one valid call into a call with exactly one bad argument and says which
+argument the error must name. A generated API must answer every one with ValueError, TypeError
+or RuntimeError naming that argument, before anything is launched. The fuzz tests
+(tests/test_fuzz_runtime.py on the CPU, tests/test_gpu_robustness.py on a GPU) draw the
+mutation, its variant and the base shape; nothing here depends on hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+NOT_TENSORS: tuple[Any, ...] = (None, 1.0, [[1.0]], "q", b"\x00")
+BAD_SCALES: tuple[Any, ...] = (-1.0, 0.0, -0.0, math.nan, math.inf, -math.inf, "0.1", True, 1j, [0.125])
+BAD_WINDOWS: tuple[Any, ...] = (
+    (1,), (1, 2, 3), (-2, 0), (0, -2), (-1, -1), (1.5, 0), (True, 0), "1,2", 7, (None, None), (2**31, 0),
+)
+BAD_CHUNKS: tuple[Any, ...] = (0, -1, -64, 1.5, True, "64", [64])
+
+
+@dataclass
+class Call:
+    """One call of a generated attention(): q, k, v and keyword arguments."""
+
+    q: Any
+    k: Any
+    v: Any
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, attention: Callable[..., Any]) -> Any:
+        return attention(self.q, self.k, self.v, **self.kwargs)
+
+
+def good_call(plan: Mapping[str, Any], *, device="cpu", shape=(1, 64, 96, 4, 2), seed=0) -> Call:
+    """A valid call for `plan` (the lock's plan dict): BSHD tensors of the plan's dtype."""
+    b, s_q, s_k, h, h_kv = shape
+    if not plan["allow_gqa"]:
+        h_kv = h
+    dtype = TORCH_DTYPES[plan["dtype"]]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    mk = lambda s, hh, d: torch.randn(b, s, hh, d, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    return Call(mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"]))
+
+
+def _swap(call: Call, name: str, value: Any) -> Call:
+    return replace(call, **{name: value}) if name in ("q", "k", "v") else replace(call, kwargs={**call.kwargs, name: value})
+
+
+def _last_dim_strided(t: torch.Tensor) -> torch.Tensor:
+    """Same values, last dim not contiguous (stride 2)."""
+    wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    return wide[..., ::2]
+
+
+def _other_dtype(t: torch.Tensor, i: int) -> torch.Tensor:
+    choices = [torch.float32, torch.float64, torch.int32, torch.float16 if t.dtype == torch.bfloat16 else torch.bfloat16]
+    return t.to(choices[i % len(choices)])
+
+
+def _tensor_mutations(name: str):
+    return {
+        f"{name}_type": (name, len(NOT_TENSORS), lambda c, i, p: _swap(c, name, NOT_TENSORS[i])),
+        f"{name}_dtype": (name, 4, lambda c, i, p: _swap(c, name, _other_dtype(getattr(c, name), i))),
+        f"{name}_rank": (name, 2, lambda c, i, p: _swap(c, name, getattr(c, name)[0] if i else getattr(c, name)[None])),
+        f"{name}_head_dim": (name, 2, lambda c, i, p: _swap(c, name, _resize_last(getattr(c, name), -16 if i else 16))),
+        f"{name}_stride": (name, 1, lambda c, i, p: _swap(c, name, _last_dim_strided(getattr(c, name)))),
+        f"{name}_grad": (name, 1, lambda c, i, p: _swap(c, name, getattr(c, name).clone().requires_grad_())),
+    }
+
+
+def _resize_last(t: torch.Tensor, delta: int) -> torch.Tensor:
+    d = t.shape[-1] + delta
+    if d <= 0:
+        return t[..., :8].contiguous()
+    if delta < 0:
+        return t[..., :d].contiguous()
+    return torch.cat([t, torch.zeros(*t.shape[:-1], delta, dtype=t.dtype, device=t.device)], dim=-1)
+
+
+def _kv_heads(call: Call, i: int, plan) -> Call:
+    """k/v with a head count that does not divide q's (or, without GQA, differs from it)."""
+    h = call.q.shape[2]
+    h_kv = [h + 1, h - 1 if h > 2 else h + 1][i] if plan["allow_gqa"] else [h // 2 or h + 1, h + 1][i]
+    k = torch.zeros(*call.k.shape[:2], h_kv, call.k.shape[3], dtype=call.k.dtype, device=call.k.device)
+    v = torch.zeros(*call.v.shape[:2], h_kv, call.v.shape[3], dtype=call.v.dtype, device=call.v.device)
+    return replace(call, k=k, v=v)
+
+
+def _bad_out(call: Call, i: int, plan) -> Call:
+    q, dv = call.q, plan["head_dim_v"]
+    shape = (*q.shape[:3], dv)
+    dtype, device = q.dtype, q.device
+    outs = [
+        torch.empty(*shape[:3], dv + 8, dtype=dtype, device=device),  # wrong head dim
+        torch.empty(shape[0] + 1, *shape[1:], dtype=dtype, device=device),  # wrong batch
+        torch.empty(shape, dtype=torch.float32, device=device),  # wrong dtype
+        _last_dim_strided(torch.empty(shape, dtype=dtype, device=device)),  # last dim not contiguous
+        [[0.0]],  # not a tensor
+    ]
+    return _swap(call, "out", outs[i % len(outs)])
+
+
+def _window(call: Call, i: int, plan) -> Call:
+    return _swap(call, "window", BAD_WINDOWS[i] if plan["local"] else (3, 0))
+
+
+def _chunk(call: Call, i: int, plan) -> Call:
+    return _swap(call, "chunk_size", BAD_CHUNKS[i] if plan["chunked"] else 64)
+
+
+MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
+    # kind: (argument the error must name, number of variants, mutate(call, variant, plan))
+    **_tensor_mutations("q"),
+    **_tensor_mutations("k"),
+    **_tensor_mutations("v"),
+    "kv_heads": ("k", 2, _kv_heads),
+    "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
+    "v_seqlen": ("v", 1, lambda c, i, p: _swap(c, "v", c.v[:, : max(c.v.shape[1] - 1, 0)].contiguous())),
+    "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=2))),
+    "out": ("out", 5, _bad_out),
+    "softmax_scale": ("softmax_scale", len(BAD_SCALES), lambda c, i, p: _swap(c, "softmax_scale", BAD_SCALES[i])),
+    "window": ("window", len(BAD_WINDOWS), _window),
+    "chunk_size": ("chunk_size", len(BAD_CHUNKS), _chunk),
+    "return_lse": ("return_lse", 1, lambda c, i, p: _swap(c, "return_lse", True)),
+    "cu_seqlens": ("cu_seqlens_q", 1, lambda c, i, p: _swap(c, "cu_seqlens_q", torch.tensor([0, 5, 3], dtype=torch.int32))),
+}
+# Mutations a CPU-only machine can check end to end: ForwardOp checks that q is a CUDA tensor right
+# after its type, so every other argument's check is out of reach with CPU tensors.
+CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens")
+
+
+def applicable(kind: str, plan: Mapping[str, Any]) -> bool:
+    """Whether `kind` makes a bad call for this plan (return_lse=True is fine when LSE is written;
+    window/chunk_size on a spec without them is bad: the generated signature has no such argument)."""
+    if kind == "return_lse":
+        return not plan["write_lse"]
+    return True
+
+
+def bad_call(plan: Mapping[str, Any], call: Call, kind: str, variant: int) -> tuple[Call, str]:
+    """(`call` with one bad argument, the argument the error must name)."""
+    arg, n, mutate = MUTATIONS[kind]
+    return mutate(call, variant % n, plan), arg
+
+
+def names_argument(message: str, arg: str) -> bool:
+    """Whether an error message names `arg`: `arg: ...` (fa4gen's form), `k, v: ...`, `'arg'`
+    (Python's unexpected-keyword TypeError) or `arg requires grad`."""
+    a = re.escape(arg)
+    return re.search(rf"(^|[\s(])({a}(:|, )|'{a}'|{a} requires grad)", message) is not None
+
+
+__all__ = [
+    "BAD_CHUNKS", "BAD_SCALES", "BAD_WINDOWS", "CHECKED_BEFORE_DEVICE", "Call", "MUTATIONS", "applicable",
+    "bad_call", "good_call", "names_argument",
+]

@@ -1,0 +1,96 @@
+"""Compile and launch costs on the GPU machine (issue #3 targets): cold compile per variant, load
+from the disk cache in a fresh process, and host overhead per call (eager loop vs CUDA-graph replay
+of the same call, tiny shape so the kernel time is small and identical in both).
+
+Run: `source tools/device_env.sh; python3 tools/launch_cost.py --out $OUT`.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SPEC = dict(name="launch_cost_d128", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"})
+CHILD = """
+import time, torch, fa4gen
+t0 = time.perf_counter()
+import cutlass  # the CuTe-DSL import is a per-process cost, reported apart from the cache load
+print("IMPORT_CUTLASS_S", time.perf_counter() - t0)
+pkg = fa4gen.build({spec!r})
+q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+pkg.attention(q, q, q)
+torch.cuda.synchronize()
+print("FIRST_CALL_S", time.perf_counter() - t1)
+"""
+
+
+def first_call(cache_dir: str) -> dict:
+    env = dict(os.environ, FA4GEN_CACHE_DIR=cache_dir)
+    r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC)], env=env, capture_output=True, text=True)
+    vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+    if "FIRST_CALL_S" not in vals:
+        raise RuntimeError(r.stderr[-3000:])
+    log = [ln for ln in r.stderr.splitlines() if ln.startswith("fa4gen:")]
+    return {"import_cutlass_s": round(float(vals["IMPORT_CUTLASS_S"]), 3),
+            "first_call_s": round(float(vals["FIRST_CALL_S"]), 3), "log": log}
+
+
+def per_call_us(fn, n=2000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def host_overhead(fn) -> dict:
+    eager = per_call_us(fn)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    replay = per_call_us(graph.replay)
+    return {"eager_us": round(eager, 2), "graph_replay_us": round(replay, 2), "overhead_us": round(eager - replay, 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="launch_out")
+    out = Path(ap.parse_args().out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = tempfile.mkdtemp(prefix="fa4gen-cost-")
+    res = {"cold_process": first_call(cache), "cached_process": first_call(cache)}
+    os.environ["FA4GEN_CACHE_DIR"] = cache
+    import fa4gen
+
+    pkg = fa4gen.build(SPEC)
+    q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    res["fa4gen"] = host_overhead(lambda: pkg.attention(q, q, q, out=o))
+    try:
+        from flash_attn.cute.interface import flash_attn_func
+
+        res["flash_attn_4"] = host_overhead(lambda: flash_attn_func(q, q, q, causal=True))
+    except Exception as err:  # noqa: BLE001
+        res["flash_attn_4"] = f"unavailable: {type(err).__name__}: {err}"[:200]
+    print(json.dumps(res, indent=1))
+    (out / "launch_cost.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
