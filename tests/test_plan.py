@@ -236,8 +236,10 @@ def test_poly_every_matches_share(spec):
         assert plan.poly_every == 0 and plan.poly_share == 0.0
     else:
         assert plan.poly_every >= 1
-        assert plan.poly_share == pytest.approx(1.0 / plan.poly_every)
-        assert abs(plan.poly_share - share) <= 0.5 / plan.poly_every + 1e-12
+        cols = plan.tile_n // 4  # elements of one row a thread holds
+        taken = sum(1 for c in range(cols) if c % plan.poly_every == plan.poly_every - 1)
+        assert plan.poly_share == pytest.approx(taken / cols)  # the share the kernel really runs
+        assert abs(plan.poly_share - share) <= 0.5 / plan.poly_every + 1.0 / cols + 1e-12
 
 
 @pytest.mark.parametrize("degree", [1, 2, 3, 4, 5])
@@ -277,8 +279,6 @@ def test_poly_share_is_what_the_kernel_does(head_dim, share):
     assert abs(_effective_share(plan) - share) <= 0.5 / plan.poly_every
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a small poly_exp.share gives poly_every > tile_n/4, so no thread "
-                   "column ever takes the polynomial (effective share 0) while the plan reports the requested share")
 @pytest.mark.parametrize("head_dim,share", [(128, 0.01), (128, 0.02), (256, 0.04)])
 def test_small_poly_share_is_not_silently_dropped(head_dim, share):
     d = _spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, {"poly_exp": {"share": share}})
@@ -422,6 +422,11 @@ def test_to_json_round_trips(spec):
     data["budgets"] = tuple(Budget(**b) for b in data["budgets"])
     data["notes"] = tuple(data["notes"])
     data["poly_coeffs"] = tuple(data["poly_coeffs"])
+
+    def tuples(v):  # JSON has no tuples: every other sequence field comes back as a list
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+
+    data = {k: tuples(v) for k, v in data.items()}
     back = KernelPlan(**data)
     assert back == plan
     assert back.to_json() == plan.to_json()

@@ -149,8 +149,6 @@ def test_spec_change_changes_kernel_and_reverts(work: Path):
         assert (work / "generated" / "llama3_8b" / f).read_bytes() == (GENERATED / "llama3_8b" / f).read_bytes()
 
 
-@pytest.mark.xfail(strict=True, reason="bug: write_package/diff_package compare with Path.read_text() (universal "
-                   "newlines), so a generated file with CRLF line endings is neither reported stale nor rewritten")
 def test_crlf_generated_file_is_stale(work: Path):
     target = work / "generated" / "llama3_8b" / "__init__.py"
     target.write_bytes(target.read_bytes().replace(b"\n", b"\r\n"))
@@ -159,8 +157,6 @@ def test_crlf_generated_file_is_stale(work: Path):
     assert "llama3_8b/__init__.py" in check.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="bug: `build --check` over all of specs/ does not flag a generated package "
-                   "that no spec produces any more (a deleted or renamed spec leaves its package behind)")
 def test_orphan_package_is_stale(work: Path):
     (work / "specs" / "vit_encoder.yaml").unlink()
     check = fa4gen_cli("build", "--check", "--out", "generated", cwd=work)
@@ -310,8 +306,6 @@ def test_ident_filter_passes_identifiers(value):
     assert _ident(value) == value
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the ident filter uses str.isidentifier(), which accepts Python keywords "
-                   "(import, None, lambda, ...), so it can emit a token that is not a usable identifier")
 @pytest.mark.parametrize("value", ["import", "None", "lambda"])
 def test_ident_filter_rejects_keywords(value):
     with pytest.raises(ValueError):

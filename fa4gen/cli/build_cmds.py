@@ -7,25 +7,21 @@ spec); a stale generated/ under --check or a failed compile exits 1.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 import click
 
-from fa4gen.builder import KernelReport, compile_package, diff_package, plan_spec, render_spec, write_package
+from fa4gen.builder import (
+    KernelReport, compile_package, diff_package, orphan_packages, plan_spec, render_spec, spec_label, write_package,
+)
 from fa4gen.cli.main import _load_all, _table, exit_with_problems, head_dims, main
 from fa4gen.plan import ARCHS, NotAvailableError, PlanError, plan_kernels
 from fa4gen.spec import SpecError
 
 ARCH_CHOICE = click.Choice(sorted(ARCHS))
 OPCODES = ("hgmma", "utchmma", "ldtm", "sttm", "utmaldg", "utmastg", "mufu_ex2", "ffma", "ffma2", "bar", "ldl", "stl")
-
-
-def _label(path: Path) -> str:
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def _kernel_row(name: str, r: KernelReport, smem: str) -> tuple[str, ...]:
@@ -48,9 +44,14 @@ def plan(spec: str, arch: str | None, as_json: bool) -> None:
     if problems:
         exit_with_problems(problems)
     for _, s in loaded:
-        for target in [arch] if arch else s.targets:
-            for p in plan_kernels(s, target):
-                click.echo(p.to_json() if as_json else p.describe())
+        if arch:
+            plans = plan_kernels(s, arch)  # an unavailable family asked for by name is an error (exit 2)
+        else:
+            plans, unavailable = plan_spec(s)
+            for target, why in unavailable.items():
+                click.echo(f"{s.name} [{target}]: {why}", err=True)
+        for p in plans:
+            click.echo(p.to_json() if as_json else p.describe())
 
 
 @main.command()
@@ -72,7 +73,7 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
                 for a in archs:
                     if a in spec.targets:
                         plan_kernels(spec, a)  # raises NotAvailableError for a family not built yet
-            pkg, plans, unavailable = render_spec(spec, _label(path))
+            pkg, plans, unavailable = render_spec(spec, spec_label(path))
         except (PlanError, SpecError) as err:
             problems.extend(err.lines())
             continue
@@ -98,6 +99,13 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
                 click.echo(f"{spec.name} [{r.arch}]: compile failed: {r.detail}", err=True)
         for arch, why in unavailable.items():
             rows.append((spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-"))
+    if not specs:  # the whole of specs/: generated packages no spec produces any more are stale
+        for orphan in orphan_packages(out, {spec.name for _, spec in loaded}):
+            if check:
+                stale.append(f"{orphan} is not produced by any spec in specs/ any more\n")
+            else:
+                shutil.rmtree(orphan)
+                rows.append((orphan.name, "-", "-", "removed (no spec)", "-", "-", "-", "-", "-", "-"))
     if len(rows) > 1:
         click.echo(_table(rows))
     if problems:
@@ -122,7 +130,7 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
         exit_with_problems(problems)
     for path, spec in loaded:
         plans, _ = plan_spec(spec, archs=list(archs) or None)
-        pkg, _, _ = render_spec(spec, _label(path))
+        pkg, _, _ = render_spec(spec, spec_label(path))
         if diff_package(pkg, out):
             exit_with_problems([f"{path}: generated/{spec.name} is stale or missing; run `fa4gen build` first"])
         for r in compile_package(out / spec.name, f"{out.name}.{spec.name}", plans, keep_sass=True):

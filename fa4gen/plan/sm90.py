@@ -31,11 +31,26 @@ def _auto_tile_n(head_dim: int) -> int:
     return 80
 
 
-def _poly(spec: AttentionSpec):
+def poly_columns(every: int, cols: int) -> int:
+    """How many of a thread's `cols` row elements take the polynomial with one-in-`every`."""
+    return 0 if every == 0 else sum(1 for c in range(cols) if c % every == every - 1)
+
+
+def _poly(spec: AttentionSpec, tile_n: int, problems: list):
+    """(every, effective share, fit): every k-th element of a thread's row fragment (tile_n/4 of
+    them) is evaluated by the polynomial; the share reported is what the kernel really does."""
     share = spec.pipeline.poly_exp.share
     fit = fit_exp2(spec.pipeline.poly_exp.degree)
+    cols = tile_n // 4
     every = 0 if share == 0.0 else max(1, round(1.0 / share))
-    return every, (0.0 if every == 0 else 1.0 / every), fit
+    if every > cols:
+        problems.append(problem(
+            "pipeline.poly_exp.share",
+            f"a share of {share} is below one element per thread row ({cols} elements with tile_n {tile_n}); "
+            f"use 0 or at least {1 / cols:.3g}",
+        ))
+        every = 0
+    return every, poly_columns(every, cols) / cols, fit
 
 
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
@@ -93,12 +108,13 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if regs > regs_consumer:
         problems.append(problem(
             "pipeline.tile_n", f"consumer register budget exceeded: O ({spec.head_dim_v // 2}) + S ({tile_n // 2}) + "
-            f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {regs_consumer}; lower pipeline.tile_n",
+            f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {regs_consumer} (the budget of "
+            f"{num_wg} consumer warpgroups, set by tile_m {tile_m}); lower pipeline.tile_n or pipeline.tile_m",
         ))
+    every, share, fit = _poly(spec, tile_n, problems)
     if problems:
         raise PlanError(f"{spec.name} [sm90]", problems)
 
-    every, share, fit = _poly(spec)
     mask = spec.mask
     kind = mask.kind
     ping_pong = True if p.ping_pong == "auto" else p.ping_pong
@@ -109,8 +125,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if p.intra_wg_overlap == "auto":
         notes.append("intra_wg_overlap auto -> on (FA3's choice)")
     if every:
-        notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> every {every}th exp2 of a row "
-                     f"(actual share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
+        notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
+                     f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
     cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
     return KernelPlan(
         name=spec.name,

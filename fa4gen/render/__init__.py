@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import keyword
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ def _py(value) -> str:
 
 
 def _ident(value: str) -> str:
-    if not isinstance(value, str) or not value.isidentifier():
+    if not isinstance(value, str) or not value.isidentifier() or keyword.iskeyword(value):
         raise ValueError(f"refusing to render {value!r} as an identifier")
     return value
 
