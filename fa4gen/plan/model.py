@@ -83,6 +83,29 @@ class KernelPlan:
     # checked budgets
     budgets: tuple[Budget, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # sm100 family (fa4gen.plan.sm100); the defaults leave other families' plans as they were
+    q_tiles: int = 1  # 128-row Q tiles per CTA; 2 = two tiles alternating on the tensor core (ping-pong)
+    two_cta: bool = False  # a CTA pair shares 256-row tcgen05 MMAs (cta_group::2)
+    cluster_m: int = 1
+    mma_m: int = 0  # rows of one tcgen05 MMA (128, or 256 across a CTA pair)
+    warp_roles: tuple = ()  # ((role, (warp ids...)), ...)
+    regs_softmax: int = 0  # setmaxnreg per thread, by warpgroup role
+    regs_correction: int = 0
+    regs_other: int = 0
+    tmem_cols: int = 0  # TMEM columns allocated (a power of two, <= 512)
+    tmem_s: tuple = ()  # first TMEM column of S_i, per Q tile
+    tmem_p: tuple = ()  # first 32-bit column of P_i (two 16-bit values per column), inside S_i
+    tmem_o: tuple = ()  # first TMEM column of O_i
+    tmem_stats: tuple = ()  # first column of the softmax -> correction row statistics, inside S_i
+    stats_cols: int = 0
+    o_chunk: int = 0  # O columns the correction warps move per TMEM load
+    q_bytes: int = 0  # TMA bytes of one Q tile / K block / V block
+    k_bytes: int = 0
+    v_bytes: int = 0
+    smem_bytes: int = 0  # dynamic shared memory per CTA (checked against the compiled struct)
+    persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count)
+    pipelines: tuple = ()  # fa4gen.plan.protocol.PipelineSpec
+    named_barriers: tuple = ()  # fa4gen.plan.protocol.NamedBarrierSpec
 
     @property
     def has_mask(self) -> bool:
