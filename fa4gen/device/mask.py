@@ -122,3 +122,18 @@ def tile_needs_mask(bounds, n_block: Int32, tile_n: cutlass.Constexpr[int]) -> c
     """True unless every row of the tile sees every column of key block `n_block`."""
     _, hi_first, lo_last, _ = bounds
     return (n_block + 1) * tile_n > hi_first or n_block * tile_n < lo_last
+
+
+@cute.jit
+def mask_phases(bounds, n_min: Int32, n_max: Int32, tile_n: cutlass.Constexpr[int]):
+    """Split the key blocks after the first one, [n_min, n_max - 1), into three descending runs:
+    [n_hi, n_max - 1) need the right-side mask (diagonal / window right edge / seqlen_k),
+    [n_lo, n_hi) need no mask at all, [n_min, n_lo) need the left-side mask (window / chunk start).
+    Returns (n_hi, n_lo), so the main loop can drop the mask code from its middle run."""
+    _, hi_first, lo_last, _ = bounds
+    last = cutlass.max(n_max - 1, n_min)
+    # block b needs the right mask iff (b + 1) * tile_n > hi_first, i.e. b >= floor(hi_first / tile_n)
+    n_hi = cutlass.min(cutlass.max(hi_first // tile_n, n_min), last)
+    # block b needs the left mask iff b * tile_n < lo_last, i.e. b < ceil(lo_last / tile_n)
+    n_lo = cutlass.min(cutlass.max((lo_last + tile_n - 1) // tile_n, n_min), n_hi)
+    return n_hi, n_lo

@@ -78,16 +78,22 @@ def online_softmax_step(
     `is_first` (the first key block of a tile) skips the rescale bookkeeping: nothing to rescale yet.
     """
     row_max, row_sum, row_scale = rows.row_max, rows.row_sum, rows.row_scale
+    n_cols = cute.size(s, mode=[1])
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-        tile_max = s[r, 0]
-        for c in cutlass.range_constexpr(1, cute.size(s, mode=[1])):
-            tile_max = cute.arch.fmax(tile_max, s[r, c])
-        tile_max = quad_max(tile_max)
+        # four independent max chains (short dependency chains), seeded with the running max
+        lanes = [s[r, c] for c in range(min(4, n_cols))]  # a comprehension is unrolled at trace time
+        if cutlass.const_expr(not is_first):
+            lanes[0] = cute.arch.fmax(lanes[0], row_max[r])
+        for c in cutlass.range_constexpr(len(lanes), n_cols):
+            lanes[c % 4] = cute.arch.fmax(lanes[c % 4], s[r, c])
+        tile_max = lanes[0]
+        for j in cutlass.range_constexpr(1, len(lanes)):
+            tile_max = cute.arch.fmax(tile_max, lanes[j])
+        new_max = quad_max(tile_max)  # includes the running max
         scale = Float32(1.0)
-        cur_max = tile_max
+        cur_max = new_max
         if cutlass.const_expr(not is_first):
             old_max = row_max[r]
-            new_max = cute.arch.fmax(old_max, tile_max)
             cur_max = old_max
             # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
             if (new_max - old_max) * scale_log2 > threshold:
@@ -98,17 +104,16 @@ def online_softmax_step(
         if cur_max == -Float32.inf:
             max_scaled = Float32(0.0)
         acc = Float32(0.0)
-        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+        if cutlass.const_expr(not is_first):
+            acc = row_sum[r] * scale
+        for c in cutlass.range_constexpr(n_cols):
             x = s[r, c] * scale_log2 - max_scaled
             if cutlass.const_expr(poly_every > 0 and c % poly_every == poly_every - 1):
                 s[r, c] = polyexp.exp2_poly(x, poly_coeffs)
             else:
                 s[r, c] = cute.math.exp2(x, fastmath=True)
             acc += s[r, c]
-        if cutlass.const_expr(is_first):
-            row_sum[r] = acc
-        else:
-            row_sum[r] = row_sum[r] * scale + acc
+        row_sum[r] = acc
         row_scale[r] = scale
 
 

@@ -136,30 +136,44 @@ class FlashFwdSm90:
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
+                for atom in (tma_q, tma_k, tma_v, tma_o):
+                    cpasync.prefetch_descriptor(atom)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 pipe_q.producer_acquire(q_state)
                 cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
+                # K of a block is needed before V of the block after it: load in the consumers' order
                 for i in cutlass.range(n_max - n_min, unroll=1):
                     n_block = n_max - 1 - i
-                    pipe_k.producer_acquire(kv_state)
-                    cute.copy(tma_k, tKgK[None, n_block], tKsK[None, kv_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-                    pipe_v.producer_acquire(kv_state)
-                    cute.copy(tma_v, tVgV[None, n_block], tVsV[None, kv_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-                    kv_state.advance()
+                    pipe_k.producer_acquire(k_state)
+                    cute.copy(tma_k, tKgK[None, n_block], tKsK[None, k_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                    k_state.advance()
+                    if i > 0:
+                        pipe_v.producer_acquire(v_state)
+                        cute.copy(tma_v, tVgV[None, n_block + 1], tVsV[None, v_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                        v_state.advance()
+                if n_max > n_min:
+                    pipe_v.producer_acquire(v_state)
+                    cute.copy(tma_v, tVgV[None, n_min], tVsV[None, v_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
 
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             # MMA role: 64 query rows per warpgroup
             tidx_c = tidx - 128
-            wg_c = warp_idx // 4 - 1
+            wg_c = cute.arch.make_warp_uniform(warp_idx // 4 - 1)
             thr_qk = tiled_mma_qk.get_slice(tidx_c)
             thr_pv = tiled_mma_pv.get_slice(tidx_c)
-            tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-            tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-            tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+            # shared-memory operands depend only on the warpgroup: a warp-uniform slice keeps their
+            # descriptors in uniform registers
+            wg_qk = tiled_mma_qk.get_slice(wg_c * 128)
+            wg_pv = tiled_mma_pv.get_slice(wg_c * 128)
+            tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+            tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+            tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(sV))
             acc_S = thr_qk.make_fragment_C(thr_qk.partition_shape_C((TILE_M, TILE_N)))
             acc_O = thr_pv.make_fragment_C(thr_pv.partition_shape_C((TILE_M, HEAD_DIM_V)))
             acc_O.fill(0.0)
@@ -174,8 +188,9 @@ class FlashFwdSm90:
             if wg_c == NUM_MMA_WG - 1:
                 # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
+            n_hi, n_lo = mask.mask_phases(bounds, n_min, n_max, TILE_N)
             if n_max > n_min:
-                # first key block: S only; its P·V is issued together with the next S
+                # first (highest) key block: S only; its P·V is issued together with the next S
                 n_block = n_max - 1
                 pipe_k.consumer_wait(kv_state)
                 warpgroup.fence()
@@ -185,22 +200,22 @@ class FlashFwdSm90:
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
-                if mask.tile_needs_mask(bounds, n_block, TILE_N):
-                    mask.apply_mask(
-                        s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), chunk, **MASK,
-                    )
+                mask.apply_mask(
+                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                    Int32(-1), Int32(-1), chunk, **MASK,
+                )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                     is_first=True,
                 )
                 tOrP_c.store(acc_S.load().to(DTYPE))
-            for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                n_block = n_max - 2 - i
+            for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
+                n_block = n_max - 1 - 1 - i
                 v_state = kv_state.clone()
                 kv_state.advance()
                 pipe_k.consumer_wait(kv_state)
                 cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
                 # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
@@ -213,13 +228,13 @@ class FlashFwdSm90:
                     cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
                 warpgroup.commit_group()
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
                 warpgroup.wait_group(1)
                 pipe_k.consumer_release(kv_state)
-                if mask.tile_needs_mask(bounds, n_block, TILE_N):
-                    mask.apply_mask(
-                        s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), chunk, **MASK,
-                    )
+                mask.apply_mask(
+                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                    Int32(-1), Int32(-1), chunk, **MASK,
+                )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                     is_first=False,
@@ -228,6 +243,71 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(v_state)
                 softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
                 tOrP_c.store(acc_S.load().to(DTYPE))
+            for i in cutlass.range(n_hi - n_lo, unroll=1):
+                n_block = n_hi - 1 - i
+                v_state = kv_state.clone()
+                kv_state.advance()
+                pipe_k.consumer_wait(kv_state)
+                cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
+                # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, kv_state.index], acc_S)
+                warpgroup.commit_group()
+                pipe_v.consumer_wait(v_state)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(TILE_N // 16):
+                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
+                warpgroup.commit_group()
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(kv_state)
+                softmax.online_softmax_step(
+                    s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                    is_first=False,
+                )
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                tOrP_c.store(acc_S.load().to(DTYPE))
+            for i in cutlass.range(n_lo - n_min, unroll=1):
+                n_block = n_lo - 1 - i
+                v_state = kv_state.clone()
+                kv_state.advance()
+                pipe_k.consumer_wait(kv_state)
+                cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
+                # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, kv_state.index], acc_S)
+                warpgroup.commit_group()
+                pipe_v.consumer_wait(v_state)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(TILE_N // 16):
+                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
+                warpgroup.commit_group()
+                cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                warpgroup.wait_group(1)
+                pipe_k.consumer_release(kv_state)
+                mask.apply_mask(
+                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                    Int32(-1), Int32(-1), chunk, **MASK,
+                )
+                softmax.online_softmax_step(
+                    s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                    is_first=False,
+                )
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
+                softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                tOrP_c.store(acc_S.load().to(DTYPE))
+
             if n_max > n_min:
                 # last P·V
                 pipe_v.consumer_wait(kv_state)
@@ -253,7 +333,11 @@ class FlashFwdSm90:
             thr_r2s = copy_r2s.get_slice(tidx_c)
             cute.copy(copy_r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            # only the storing warp waits for everyone's O in shared memory; the others move on
+            if warp_idx == 4:
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+            else:
+                cute.arch.barrier_arrive(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             if warp_idx == 4:
                 gO = cute.local_tile(mO[None, None, head, batch], (TILE_M, HEAD_DIM_V), (m_block, 0))
                 tOsO, tOgO = hopper.tma_split(tma_o, sO, gO)
