@@ -105,7 +105,15 @@ def _copies(name, plan) -> dict[str, int]:
         "pv": text.count("cute.gemm(tiled_mma_pv"),
         "softmax": text.count("softmax.online_softmax_step("),
     }
-    expected = 2 if getattr(plan, "intra_wg_overlap", False) else 1
+    # Key blocks run in descending runs with and without mask code (mask.mask_phases): one run
+    # without a mask, two for causal (masked near the diagonal, unmasked), three when a window or
+    # chunk also has a left edge. The overlapped loop peels the first S and the last P·V on top;
+    # the plain loop peels only the first (ragged) block of an unmasked spec.
+    runs = {"none": 1, "causal": 2, "sliding_window": 3, "chunked": 3}[plan.mask_kind]
+    if plan.intra_wg_overlap:
+        expected = 1 + runs
+    else:
+        expected = runs if plan.has_mask else 2
     assert copies == {"qk": expected, "pv": expected, "softmax": expected}
     return copies
 

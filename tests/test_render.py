@@ -258,9 +258,12 @@ def test_intra_wg_overlap_switch(overlap):
     kernel = pkg.files["fwd_sm90.py"]
     ast.parse(kernel)
     assert plan.intra_wg_overlap is overlap
-    copies = 2 if overlap else 1  # the overlapped loop peels the first S and the last P·V
+    # Unmasked spec: the first (ragged) key block has its own copy of the block body, the rest run
+    # mask-free; the overlapped loop also peels the last P·V, so both layouts hold two copies of each.
+    copies = 2
     assert kernel.count("softmax.online_softmax_step(") == copies
     assert kernel.count("cute.gemm(tiled_mma_qk") == copies and kernel.count("cute.gemm(tiled_mma_pv") == copies
+    assert kernel.count("softmax.mask_columns(") == 1
     assert ("warpgroup.wait_group(1)" in kernel) == overlap
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -35,9 +36,28 @@ def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
     return module
 
 
+_HELPER_IMPORT = re.compile(r"^\s*from fa4gen\.device(?:\.(\w+))? import ([\w, ]+)", re.MULTILINE)
+
+
+def used_helper_sources(source: str) -> dict[str, str]:
+    """The device-helper modules `source` imports, transitively (so that editing one family's
+    helpers does not invalidate the other family's cached kernels)."""
+    helpers = device_helper_sources()
+    wanted, todo = {"__init__.py"}, [source]
+    while todo:
+        for sub, names in _HELPER_IMPORT.findall(todo.pop()):
+            for name in [sub] if sub else [n.strip() for n in names.split(",")]:
+                rel = f"{name.split(' as ')[0].strip()}.py"
+                if rel in helpers and rel not in wanted:
+                    wanted.add(rel)
+                    todo.append(helpers[rel])
+    return {rel: text for rel, text in helpers.items() if rel in wanted}
+
+
 def kernel_cache_key(source: str, cute_arch: str) -> str:
     return cache_key(
-        source=source, helper_sources=device_helper_sources(), arch=cute_arch, options={"options": COMPILE_OPTIONS}
+        source=source, helper_sources=used_helper_sources(source), arch=cute_arch,
+        options={"options": COMPILE_OPTIONS},
     )
 
 
