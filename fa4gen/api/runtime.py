@@ -74,10 +74,17 @@ class ForwardOp:
         self.plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "fwd"}
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[str, Any] = {}
+        self._arch_by_device: dict[int | None, str] = {}
         self._lock = threading.Lock()
 
     # -- compile / load -------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> str:
+        arch = self._arch_by_device.get(device.index)
+        if arch is None:
+            arch = self._arch_by_device[device.index] = self._resolve_arch(device)
+        return arch
+
+    def _resolve_arch(self, device: torch.device) -> str:
         cap = torch.cuda.get_device_capability(device)
         arch = CAPABILITY_TO_ARCH.get(cap)
         if arch in self.plans:
@@ -144,8 +151,11 @@ class ForwardOp:
             args.append(lse)
         args += self._runtime_args(plan, scale, window, chunk_size)
         fn = self.function(arch)
-        with torch.cuda.device(q.device):
-            fn(*args)
+        if q.device.index == torch.cuda.current_device():
+            fn(*args)  # launches on the current stream of the current device
+        else:
+            with torch.cuda.device(q.device):
+                fn(*args)
         return (out, lse) if return_lse else out
 
     def _check_shapes(self, q, k, v, plan) -> None:
