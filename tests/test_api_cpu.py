@@ -98,8 +98,10 @@ def test_check_tensor_names_the_argument(name):
 
     with pytest.raises(TypeError, match=f"^{name}: expected a torch.Tensor, got list"):
         check_tensor(name, [1.0], dtype=torch.bfloat16, last_dim=128)
-    with pytest.raises(ValueError, match=f"^{name}: expected a CUDA tensor"):
-        check_tensor(name, torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16), dtype=torch.bfloat16, last_dim=128)
+    with pytest.raises(TypeError, match=f"^{name}: expected dtype torch.bfloat16"):
+        check_tensor(name, torch.zeros(1, 1, 1, 128, dtype=torch.float16), dtype=torch.bfloat16, last_dim=128)
+    # device-independent: a well-formed CPU tensor passes; the CUDA check comes after all of these
+    check_tensor(name, torch.zeros(1, 1, 1, 128, dtype=torch.bfloat16), dtype=torch.bfloat16, last_dim=128)
 
 
 def test_requires_grad_has_no_backward():

@@ -44,8 +44,9 @@ PIPELINES = [
     {"ping_pong": False, "tile_m": 128},
     {"poly_exp": {"share": 0.15, "degree": 3}, "rescale_threshold": 0.0},
     {"poly_exp": {"share": 0.5, "degree": 5}, "tile_n": 48},
-    {"poly_exp": {"share": 1.0, "degree": 2}, "kv_stages": 1},
-    {"poly_exp": {"share": 0.3, "degree": 1}, "ping_pong": True, "kv_stages": "auto"},
+    {"poly_exp": {"share": 1.0, "degree": 4}, "kv_stages": 1},
+    {"poly_exp": {"share": 0.3, "degree": 3}, "ping_pong": True, "kv_stages": "auto"},
+    {"poly_exp": {"share": 0.0, "degree": 1}, "rescale_threshold": 14.0},
     {"intra_wg_overlap": False, "tile_n": 32, "kv_stages": 4},
 ]
 
@@ -244,8 +245,10 @@ def test_poly_every_matches_share(spec):
 
 @pytest.mark.parametrize("degree", [1, 2, 3, 4, 5])
 def test_poly_coefficients_fit_exp2(degree):
+    # degrees below 3 are refused once the polynomial is used, but their fit is still planned
+    share = 0.25 if degree >= 3 else 0.0
     plan = _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"},
-                            {"poly_exp": {"share": 0.25, "degree": degree}}))
+                            {"poly_exp": {"share": share, "degree": degree}}))
     assert plan.poly_degree == degree
     assert len(plan.poly_coeffs) == degree + 1
     assert plan.poly_coeffs[0] == 1.0  # integral inputs stay exact
@@ -256,8 +259,23 @@ def test_poly_coefficients_fit_exp2(degree):
     # a higher degree must fit strictly better (checks the fit, not just its self-report)
     if degree > 1:
         lower = _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"},
-                                 {"poly_exp": {"share": 0.25, "degree": degree - 1}}))
+                                 {"poly_exp": {"share": 0.0, "degree": degree - 1}}))
         assert err < _max_rel_error(lower.poly_coeffs)
+
+
+@pytest.mark.parametrize("degree", [1, 2])
+def test_low_poly_degree_is_refused_when_used(degree):
+    with pytest.raises(PlanError) as info:
+        _plan(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {"poly_exp": {"share": 0.25, "degree": degree}}))
+    assert any(p.location == "pipeline.poly_exp.degree" for p in info.value.problems)
+
+
+@pytest.mark.parametrize("dtype,limit", [("fp16", 14.0), ("bf16", 64.0)])
+def test_rescale_threshold_limit_by_dtype(dtype, limit):
+    _plan(_spec_dict(0, (64, None), dtype, {"kind": "causal"}, {"rescale_threshold": limit}))
+    with pytest.raises(PlanError) as info:
+        _plan(_spec_dict(0, (64, None), dtype, {"kind": "causal"}, {"rescale_threshold": limit + 1}))
+    assert any(p.location == "pipeline.rescale_threshold" for p in info.value.problems)
 
 
 def _effective_share(plan: KernelPlan) -> float:

@@ -44,12 +44,10 @@ def _fail(message: str, kind=ValueError):
 def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int) -> None:
     if not isinstance(t, torch.Tensor):
         _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}", TypeError)
-    if t.device.type != "cuda":
-        _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
-    if t.dtype != dtype:
-        _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}", TypeError)
     if t.dim() != 4:
         _fail(f"{name}: expected 4 dims (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype != dtype:
+        _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}", TypeError)
     if t.shape[-1] != last_dim:
         _fail(f"{name}: expected head_dim {last_dim} (from the spec), got {t.shape[-1]}")
     if t.stride(-1) != 1:
@@ -59,7 +57,8 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int) -> Non
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
     """TMA needs 16-byte aligned base and strides; other layouts get a contiguous copy."""
     aligned = t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
-    return t if aligned else t.contiguous()
+    # .contiguous() would return a contiguous but misaligned tensor unchanged: copy explicitly
+    return t if aligned else torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
 class ForwardOp:
@@ -118,13 +117,38 @@ class ForwardOp:
 
     # -- call -----------------------------------------------------------------------------
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor) and torch.is_grad_enabled() and t.requires_grad:
-                _fail(
-                    f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
-                    "run under torch.no_grad() or build a spec with backward: true",
-                    RuntimeError,
-                )
+        plan = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
+                             return_lse=return_lse, out=out)
+        # device checks come after every device-independent one, so errors name the real problem
+        for name, t in (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
+            if t.device.type != "cuda":
+                _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
+            if t.device != q.device:
+                _fail(f"{name}: expected the device of q ({q.device}), got {t.device}")
+        plan = self.plans[self.arch_for(q.device)]
+        dtype = getattr(torch, plan["torch_dtype"])
+        b, s_q, h, _ = q.shape
+        if out is None:
+            out = torch.empty((b, s_q, h, plan["head_dim_v"]), dtype=dtype, device=q.device)
+        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
+        args = self._runtime_args(plan, self._scale(softmax_scale, plan), window, chunk_size,
+                                  seqlens=(s_q, k.shape[1]))
+        if out.numel() == 0 or k.shape[1] == 0:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
+            return (out, lse) if return_lse else out
+        tensors = [tma_ready(q), tma_ready(k), tma_ready(v), out] + ([lse] if lse is not None else [])
+        fn = self.function(self.arch_for(q.device))
+        if q.device.index == torch.cuda.current_device():
+            fn(*tensors, *args)  # launches on the current stream of the current device
+        else:
+            with torch.cuda.device(q.device):
+                fn(*tensors, *args)
+        return (out, lse) if return_lse else out
+
+    def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
+        """Every check that needs no GPU, in argument order; returns a plan of this package."""
         plan = next(iter(self.plans.values()), None)
         if plan is None:
             _fail(f"{self.name}: this package has no kernels ({self.unavailable})", RuntimeError)
@@ -132,35 +156,23 @@ class ForwardOp:
         check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"])
         check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"])
         check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"])
-        arch = self.arch_for(q.device)
-        plan = self.plans[arch]
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if torch.is_grad_enabled() and t.requires_grad:
+                _fail(
+                    f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
+                    "run under torch.no_grad() or build a spec with backward: true",
+                    RuntimeError,
+                )
         self._check_shapes(q, k, v, plan)
+        self._scale(softmax_scale, plan)
+        self._runtime_args(plan, 1.0, window, chunk_size, seqlens=(q.shape[1], k.shape[1]))
         if return_lse and not plan["write_lse"]:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
-        scale = self._scale(softmax_scale, plan)
-        b, s_q, h, _ = q.shape
-        out = self._out(out, (b, s_q, h, plan["head_dim_v"]), dtype, q.device)
-        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
-        if out.numel() == 0 or k.shape[1] == 0:
-            out.zero_()
-            if lse is not None:
-                lse.fill_(-math.inf)
-            return (out, lse) if return_lse else out
-        args = [tma_ready(q), tma_ready(k), tma_ready(v), out]
-        if lse is not None:
-            args.append(lse)
-        args += self._runtime_args(plan, scale, window, chunk_size)
-        fn = self.function(arch)
-        if q.device.index == torch.cuda.current_device():
-            fn(*args)  # launches on the current stream of the current device
-        else:
-            with torch.cuda.device(q.device):
-                fn(*args)
-        return (out, lse) if return_lse else out
+        if out is not None:
+            self._check_out(out, (q.shape[0], q.shape[1], q.shape[2], plan["head_dim_v"]), dtype)
+        return plan
 
     def _check_shapes(self, q, k, v, plan) -> None:
-        if not (q.device == k.device == v.device):
-            _fail(f"q, k, v: expected one device, got {q.device}, {k.device}, {v.device}")
         if not (q.shape[0] == k.shape[0] == v.shape[0]):
             _fail(f"k, v: expected batch {q.shape[0]} like q, got {k.shape[0]} and {v.shape[0]}")
         if k.shape[1] != v.shape[1]:
@@ -176,16 +188,13 @@ class ForwardOp:
             _fail(f"q: batch and heads must be <= {GRID_LIMIT}, got {q.shape[0]} and {h}")
 
     @staticmethod
-    def _out(out, shape, dtype, device) -> torch.Tensor:
-        if out is None:
-            return torch.empty(shape, dtype=dtype, device=device)
+    def _check_out(out, shape, dtype) -> None:
         if not isinstance(out, torch.Tensor):
             _fail(f"out: expected a torch.Tensor, got {type(out).__name__}", TypeError)
-        if tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
-            _fail(f"out: expected shape {shape}, dtype {dtype} on {device}; got {tuple(out.shape)}, {out.dtype} on {out.device}")
+        if tuple(out.shape) != shape or out.dtype != dtype:
+            _fail(f"out: expected shape {shape} and dtype {dtype}; got {tuple(out.shape)}, {out.dtype}")
         if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st % 8 for st in out.stride()[:-1]):
             _fail(f"out: expected a 16-byte aligned tensor with contiguous last dim, got strides {tuple(out.stride())}")
-        return out
 
     @staticmethod
     def _scale(softmax_scale, plan) -> float:
@@ -198,20 +207,23 @@ class ForwardOp:
         return float(softmax_scale)
 
     @staticmethod
-    def _runtime_args(plan, scale, window, chunk_size) -> list:
+    def _runtime_args(plan, scale, window, chunk_size, seqlens=None) -> list:
         softcap = plan["softcap"]
         args: list = [softcap * LOG2_E if softcap > 0 else scale * LOG2_E]
         if softcap > 0:
             args.append(scale / softcap)
         if plan["local"]:
             left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
+            if seqlens is not None:  # a side wider than both sequences is the same as that width (Int32-safe)
+                widest = max(seqlens)
+                left, right = (w if w < 0 else min(w, widest) for w in (left, right))
             args += [left, right]
         elif window is not None:
             _fail(f"window: this spec's mask is {plan['mask_kind']!r}; window applies to sliding_window specs only")
         if plan["chunked"]:
             chunk = plan["chunk_size"] if chunk_size is None else chunk_size
-            if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-                _fail(f"chunk_size: expected an int >= 1, got {chunk!r}")
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk < 2**31:
+                _fail(f"chunk_size: expected an int in [1, 2**31), got {chunk!r}")
             args.append(chunk)
         elif chunk_size is not None:
             _fail(f"chunk_size: this spec's mask is {plan['mask_kind']!r}; chunk_size applies to chunked specs only")

@@ -22,16 +22,17 @@ from fa4gen.emulate.forward import (
 )
 from fa4gen.emulate.tiling import (
     fragment_column,
+    mask_phases,
     n_block_range,
     poly_columns,
     row_bounds,
+    schedule,
     tile_bounds,
     tile_needs_mask,
-    visit_order,
 )
 
 __all__ = [
     "EMULATED_ARCHS", "Algorithm", "RowState", "emulate_forward", "exp2_mufu", "exp2_poly", "fragment_column",
-    "n_block_range", "online_softmax_step", "poly_columns", "row_bounds", "runtime_scalars", "tile_bounds",
-    "tile_needs_mask", "visit_order",
+    "mask_phases", "n_block_range", "online_softmax_step", "poly_columns", "row_bounds", "runtime_scalars",
+    "schedule", "tile_bounds", "tile_needs_mask",
 ]

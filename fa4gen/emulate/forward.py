@@ -163,15 +163,13 @@ def _mask_values(algo: Algorithm, window, chunk_size) -> tuple[int, int, int]:
     return (left, right, chunk) if algo.local else (tiling.NO_BOUND, tiling.NO_BOUND, chunk)
 
 
-def _mask_block(s, algo, bounds, m_block, n_block, seqlen_q, seqlen_k, mask_values):
-    """mask.apply_mask / softmax.mask_columns on one (rows, tile_n) block, as the kernel decides."""
+def _mask_block(s, algo, m_block, n_block, seqlen_q, seqlen_k, mask_values):
+    """mask.apply_mask (or softmax.mask_columns without a mask) on one (rows, tile_n) block."""
     tile_m, tile_n = algo.tile_m, algo.tile_n
     col = n_block * tile_n + torch.arange(tile_n)
     if not algo.has_mask:
         if (n_block + 1) * tile_n > seqlen_k:
             s = s.masked_fill(col >= seqlen_k, float("-inf"))
-        return s
-    if not tiling.tile_needs_mask(bounds, n_block, tile_n):
         return s
     first = m_block * tile_m
     bounds_per_row = [
@@ -217,24 +215,22 @@ def emulate_forward(q, k, v, plan_or_algo, *, softmax_scale=None, window=None, c
             row_max=torch.full((b, h, r1 - r0), float("-inf")), row_sum=torch.zeros(b, h, r1 - r0),
             acc_o=torch.zeros(b, h, r1 - r0, algo.head_dim_v),
         )
-        for n_block in tiling.visit_order(n_min, n_max):
+        for n_block, masked in tiling.schedule(bounds, n_min, n_max, tile_n, **mask_kw):
             c0, c1 = n_block * tile_n, n_block * tile_n + tile_n
             s = qf[:, :, r0:r1] @ kf[:, :, c0:c1].transpose(-1, -2)  # S = Q·Kᵀ, fp32
             if softcap_pre is not None:
                 s = torch.tanh(s * softcap_pre)
-            s = _mask_block(s, algo, bounds, m_block, n_block, s_q, s_k, mask_values)
+            if masked:
+                s = _mask_block(s, algo, m_block, n_block, s_q, s_k, mask_values)
             p, factor = online_softmax_step(
                 s, rows, scale_log2, threshold=algo.rescale_threshold, poly_mask=poly_mask,
                 poly_coeffs=algo.poly_coeffs,
             )
             # O = O * factor + P·V with P rounded to the input dtype, fp32 accumulation
             rows.acc_o = rows.acc_o * factor[..., None] + p.to(algo.dtype).to(torch.float32) @ vf[:, :, c0:c1]
-        total = rows.row_sum
-        seen = total > 0
-        inv = torch.where(seen, 1.0 / total.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(total))
-        out[:, :, r0:r1] = rows.acc_o * inv[..., None]
-        lse[:, :, r0:r1] = torch.where(
-            seen, (rows.row_max * scale_log2 + torch.log2(total.clamp_min(torch.finfo(torch.float32).tiny))) * LN_2,
-            torch.full_like(total, float("-inf")),
-        )
+        # softmax.finalize: O / l and LSE; rows that saw no key keep O = 0 and LSE = -inf
+        seen = rows.row_sum > 0
+        total = torch.where(seen, rows.row_sum, torch.ones_like(rows.row_sum))
+        out[:, :, r0:r1] = rows.acc_o * torch.where(seen, 1.0 / total, torch.zeros_like(total))[..., None]
+        lse[:, :, r0:r1] = ((rows.row_max * scale_log2 + torch.log2(total)) * LN_2).masked_fill(~seen, float("-inf"))
     return out.transpose(1, 2).to(algo.dtype), lse

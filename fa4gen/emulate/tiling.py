@@ -11,18 +11,23 @@ from __future__ import annotations
 NO_BOUND = -1  # run-time value meaning "unbounded" for a window side
 
 
+def i32(x: int) -> int:
+    """x wrapped to a 32-bit signed integer, as Int32 arithmetic on the GPU wraps."""
+    return (x + 2**31) % 2**32 - 2**31
+
+
 def row_bounds(pos, seqlen_k, window_left, window_right, chunk, *, causal, local, chunked):
     """[lo, hi) of the keys visible from key-space position `pos` (may be empty)."""
     lo, hi = 0, seqlen_k
     if causal or chunked:
-        hi = min(hi, pos + 1)
+        hi = min(hi, i32(pos + 1))
     if chunked:
         lo = max(pos, 0) // chunk * chunk
     if local:
         if window_right >= 0:
-            hi = min(hi, pos + window_right + 1)
+            hi = min(hi, i32(pos + window_right + 1))
         if window_left >= 0:
-            lo = max(lo, pos - window_left)
+            lo = max(lo, i32(pos - window_left))
     return lo, hi
 
 
@@ -51,10 +56,32 @@ def tile_needs_mask(bounds, n_block, tile_n) -> bool:
     return (n_block + 1) * tile_n > hi_first or n_block * tile_n < lo_last
 
 
-def visit_order(n_min: int, n_max: int) -> list[int]:
-    """Key blocks in the order the kernel visits them: last block first (the producer loads
-    n_max - 1 - i on iteration i, so the ragged/masked block comes first)."""
-    return list(range(n_max - 1, n_min - 1, -1))
+def mask_phases(bounds, n_min, n_max, tile_n):
+    """Split the key blocks after the first one, [n_min, n_max - 1), into three descending runs:
+    [n_hi, n_max - 1) right-side masked, [n_lo, n_hi) unmasked, [n_min, n_lo) left-side masked."""
+    _, hi_first, lo_last, _ = bounds
+    last = max(n_max - 1, n_min)
+    n_hi = min(max(hi_first // tile_n, n_min), last)
+    n_lo = min(max((lo_last + tile_n - 1) // tile_n, n_min), n_hi)
+    return n_hi, n_lo
+
+
+def schedule(bounds, n_min, n_max, tile_n, *, causal, local, chunked) -> list[tuple[int, bool]]:
+    """(key block, apply the mask?) in the order the consumer's main loop visits them.
+
+    Last block first (the producer loads n_max - 1 - i on iteration i). With a mask: the runs of
+    mask_phases, the first block always masked, the left-masked run only for windows and chunks
+    (templates/sm90/_consumer.j2 `runs`). Without: only the first (possibly ragged) block masks
+    the columns past seqlen_k.
+    """
+    if not (causal or local or chunked):
+        return [(n, n == n_max - 1) for n in range(n_max - 1, n_min - 1, -1)]
+    n_hi, n_lo = mask_phases(bounds, n_min, n_max, tile_n)
+    blocks = [(n, True) for n in range(n_max - 1, n_hi - 1, -1)]
+    blocks += [(n, False) for n in range(n_hi - 1, n_lo - 1, -1)]
+    if local or chunked:
+        blocks += [(n, True) for n in range(n_lo - 1, n_min - 1, -1)]
+    return blocks
 
 
 def fragment_column(col: int) -> int:

@@ -51,7 +51,9 @@ def good_call(plan: Mapping[str, Any], *, device="cpu", shape=(1, 64, 96, 4, 2),
 
 
 def _swap(call: Call, name: str, value: Any) -> Call:
-    return replace(call, **{name: value}) if name in ("q", "k", "v") else replace(call, kwargs={**call.kwargs, name: value})
+    if name in ("q", "k", "v"):
+        return replace(call, **{name: value})
+    return replace(call, kwargs={**call.kwargs, name: value})
 
 
 def _last_dim_strided(t: torch.Tensor) -> torch.Tensor:
@@ -62,7 +64,8 @@ def _last_dim_strided(t: torch.Tensor) -> torch.Tensor:
 
 
 def _other_dtype(t: torch.Tensor, i: int) -> torch.Tensor:
-    choices = [torch.float32, torch.float64, torch.int32, torch.float16 if t.dtype == torch.bfloat16 else torch.bfloat16]
+    other_half = torch.float16 if t.dtype == torch.bfloat16 else torch.bfloat16
+    choices = [torch.float32, torch.float64, torch.int32, other_half]
     return t.to(choices[i % len(choices)])
 
 
@@ -74,6 +77,7 @@ def _tensor_mutations(name: str):
         f"{name}_head_dim": (name, 2, lambda c, i, p: _swap(c, name, _resize_last(getattr(c, name), -16 if i else 16))),
         f"{name}_stride": (name, 1, lambda c, i, p: _swap(c, name, _last_dim_strided(getattr(c, name)))),
         f"{name}_grad": (name, 1, lambda c, i, p: _swap(c, name, getattr(c, name).clone().requires_grad_())),
+        f"{name}_device": (name, 1, lambda c, i, p: _swap(c, name, getattr(c, name).cpu())),
     }
 
 
@@ -93,6 +97,12 @@ def _kv_heads(call: Call, i: int, plan) -> Call:
     k = torch.zeros(*call.k.shape[:2], h_kv, call.k.shape[3], dtype=call.k.dtype, device=call.k.device)
     v = torch.zeros(*call.v.shape[:2], h_kv, call.v.shape[3], dtype=call.v.dtype, device=call.v.device)
     return replace(call, k=k, v=v)
+
+
+def _one_more_key(call: Call, i: int, plan) -> Call:
+    """v with one key more than k."""
+    v = call.v
+    return _swap(call, "v", torch.cat([v, v.new_zeros(v.shape[0], 1, *v.shape[2:])], dim=1))
 
 
 def _bad_out(call: Call, i: int, plan) -> Call:
@@ -124,25 +134,28 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
     **_tensor_mutations("v"),
     "kv_heads": ("k", 2, _kv_heads),
     "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
-    "v_seqlen": ("v", 1, lambda c, i, p: _swap(c, "v", c.v[:, : max(c.v.shape[1] - 1, 0)].contiguous())),
+    "v_seqlen": ("v", 1, _one_more_key),
     "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=2))),
     "out": ("out", 5, _bad_out),
     "softmax_scale": ("softmax_scale", len(BAD_SCALES), lambda c, i, p: _swap(c, "softmax_scale", BAD_SCALES[i])),
     "window": ("window", len(BAD_WINDOWS), _window),
     "chunk_size": ("chunk_size", len(BAD_CHUNKS), _chunk),
     "return_lse": ("return_lse", 1, lambda c, i, p: _swap(c, "return_lse", True)),
-    "cu_seqlens": ("cu_seqlens_q", 1, lambda c, i, p: _swap(c, "cu_seqlens_q", torch.tensor([0, 5, 3], dtype=torch.int32))),
+    "cu_seqlens": ("cu_seqlens_q", 1, lambda c, i, p: _swap(c, "cu_seqlens_q", torch.tensor([0, 5, 3]))),  # not monotone
 }
 # Mutations a CPU-only machine can check end to end: ForwardOp checks that q is a CUDA tensor right
 # after its type, so every other argument's check is out of reach with CPU tensors.
 CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens")
 
 
-def applicable(kind: str, plan: Mapping[str, Any]) -> bool:
-    """Whether `kind` makes a bad call for this plan (return_lse=True is fine when LSE is written;
-    window/chunk_size on a spec without them is bad: the generated signature has no such argument)."""
+def applicable(kind: str, plan: Mapping[str, Any], call: Call) -> bool:
+    """Whether `kind` makes `call` bad for this plan: return_lse=True is fine when LSE is written,
+    moving a tensor to the CPU only matters for CUDA calls. (window/chunk_size on a spec without
+    them is bad: the generated signature has no such argument.)"""
     if kind == "return_lse":
         return not plan["write_lse"]
+    if kind.endswith("_device"):
+        return call.q.device.type == "cuda"
     return True
 
 

@@ -17,6 +17,10 @@ from fa4gen.golden.variants import Variant
 GPU_ARCHS = {"sm90"}  # archs whose kernels a local Hopper GPU runs
 
 
+def _crashed(variant: Variant, arch: str, check: str, err: Exception) -> CheckResult:
+    return CheckResult(variant.name, arch, check, "FAIL", f"{type(err).__name__}: {err}")
+
+
 def run_variant(variant: Variant, *, gpu: bool, progress: Callable[[str], None] | None = None) -> list[CheckResult]:
     results: list[CheckResult] = []
     for plan in variant.plans:
@@ -30,13 +34,13 @@ def run_variant(variant: Variant, *, gpu: bool, progress: Callable[[str], None] 
             try:
                 results += kernel_numerics(variant, plan)
             except Exception as err:  # noqa: BLE001 - a crash of one variant is its failure, not the run's
-                results.append(CheckResult(variant.name, arch, "kernel numerics", "FAIL", f"{type(err).__name__}: {err}"))
+                results.append(_crashed(variant, arch, "kernel numerics", err))
             continue
         results.append(compile_and_sass(variant, plan))
         try:
             results.append(emulator_vs_reference(variant, plan))
         except Exception as err:  # noqa: BLE001
-            results.append(CheckResult(variant.name, arch, "emulator vs reference", "FAIL", f"{type(err).__name__}: {err}"))
+            results.append(_crashed(variant, arch, "emulator vs reference", err))
     for arch, why in sorted(variant.unavailable.items()):
         results.append(CheckResult(variant.name, arch, "-", "skip", f"not available yet: {why}"))
     return results
@@ -50,7 +54,8 @@ def run(variants: Iterable[Variant], *, gpu: bool | None = None, progress=None) 
 
 def table_rows(results: list[CheckResult]) -> list[tuple[str, ...]]:
     rows = [("variant", "arch", "check", "result", "time", "detail")]
-    rows += [(r.variant, r.arch, r.check, r.status, f"{r.seconds:.1f}s" if r.seconds else "-", r.detail) for r in results]
+    for r in results:
+        rows.append((r.variant, r.arch, r.check, r.status, f"{r.seconds:.1f}s" if r.seconds else "-", r.detail))
     return rows
 
 

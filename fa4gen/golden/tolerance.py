@@ -1,22 +1,28 @@
 """Golden tests: how far a result may be from the exact reference, and from the emulator.
 
 Against the exact reference (FlashAttention's rule): the max abs error over the output may be at
-most 2x the max abs error of the same attention computed in the input precision (scores and P
-rounded to bf16/fp16, what PyTorch's low-precision attention does) plus 1e-5, which covers
-outputs the low-precision path gets exactly right (one visible key). LSE: fp32 statistics from
-the same inputs, so within 1e-3 abs / 1e-4 rel, with identical -inf rows.
+most B = 2x the max abs error of the same attention computed in the input precision (scores and
+P rounded to bf16/fp16, what PyTorch's low-precision attention does) + 1e-5, which covers outputs
+the low-precision path gets exactly right (one visible key). LSE: fp32 statistics from the same
+inputs, within 1e-3 abs + 1e-4 rel, with identical -inf rows.
 
-Against the emulator (much tighter): the emulator performs the kernel's own roundings (P to the
-input dtype, O to the output dtype) in the kernel's order, so the two fp32 values that get
-rounded differ only by what the emulator models rather than copies — ex2/rcp/lg2.approx
-(within 2^-22 relative), the tensor core's fp32 summation order, and tanh.approx (within 2^-11
-relative) when softcap is on. Before the final rounding the outputs then agree to a small
-fraction of an output ulp, except where a P element sat next to a rounding boundary and went the
-other way; after it, each element may differ by the rounding of that residue. The check is
-therefore per element and relative to the element's own magnitude: |kernel - emulator| <=
-EMU_ULPS ulps of the dtype at that magnitude (+ a floor of EMU_ULPS ulps at 2^-10 for outputs
-near 0), where the reference rule allows a whole-tensor absolute error of about one or two ulps
-*of the largest output* to every element. LSE: within EMU_LSE_ATOL (+ the tanh.approx term).
+Against the emulator (tighter). The emulator performs the kernel's own roundings (P to the input
+dtype, O to the output dtype) in the kernel's order, so the fp32 values that get rounded differ
+only by what the emulator models instead of copying: ex2/rcp/lg2.approx (2^-22 relative), the
+tensor core's summation order, tanh.approx (2^-11 relative) with softcap. Consequences:
+  * most output elements are bit-identical: at least EMU_MIN_IDENTICAL of them. A systematic
+    deviation in the arithmetic (a wrong mask on one block, a missed rescale, the polynomial on
+    other columns, P truncated instead of rounded) changes most elements, however small it is.
+  * the others differ where a P element or the output sat at a rounding boundary and went the
+    other way: one ulp of the output, plus the effect of flipped P elements, each one P ulp of one
+    term of the P·V sum. Those flips are a small part of the P rounding error, itself at most the
+    low-precision reference's error (B / 2). So every element must satisfy
+    |kernel - emulator| <= 1 ulp of the dtype at |emulator| + B / 4,
+    where the reference allows B to every element.
+  * LSE: fp32 on both sides from the same fp32 scores: 1e-5 + 2^-20 |lse| (+ 1e-4 when softcap's
+    tanh.approx or the polynomial exp2 is in play), against 1e-3 + 1e-4 |lse| for the reference.
+Measured on the H200 over every golden case (python -m fa4gen.golden.calibrate): >= 94.9%
+identical (>= 97.4% without softcap), and LSE within 1.5e-6 (3.4e-5 with softcap or poly-exp).
 """
 
 from __future__ import annotations
@@ -28,84 +34,98 @@ import torch
 
 REF_ATOL = 1e-5
 LSE_ATOL, LSE_RTOL = 1e-3, 1e-4
-EMU_ULPS = 2
-EMU_FLOOR = 2.0**-10  # outputs smaller than this are judged in ulps of 2^-10
-EMU_LSE_ATOL = 1e-5
-EMU_LSE_RTOL = 2.0**-20
-EMU_LSE_SOFTCAP = 1e-4
+EMU_MIN_IDENTICAL = 0.90
+EMU_BUDGET_SHARE = 0.25
+EMU_LSE_ATOL, EMU_LSE_RTOL, EMU_LSE_APPROX = 1e-5, 2.0**-20, 1e-4
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """One comparison's outcome: the worst error, what it was allowed, and a one-line detail."""
+    """One comparison's outcome: ok, the worst error / allowed error (<= 1 passes), a detail line."""
 
     ok: bool
-    worst: float  # worst error / allowed error (<= 1 passes)
+    worst: float
     detail: str
 
 
 def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Spacing of `dtype` values at |x| (fp32 tensor), floored at EMU_FLOOR's spacing."""
-    mag = x.abs().to(torch.float32).clamp_min(EMU_FLOOR)
+    """Spacing of `dtype` values at |x| (normal range; tiny values get the spacing at 2^-14)."""
+    mag = x.abs().to(torch.float32).clamp_min(2.0**-14)
     return torch.exp2(torch.floor(torch.log2(mag)) - MANTISSA_BITS[dtype])
+
+
+def reference_budget(exact: torch.Tensor, low: torch.Tensor) -> float:
+    low_err = (low.to(exact.dtype) - exact).abs().max().item() if low.numel() else 0.0
+    return 2.0 * low_err + REF_ATOL
 
 
 def against_reference(out: torch.Tensor, exact: torch.Tensor, low: torch.Tensor) -> Comparison:
     if torch.isnan(out).any():
         return Comparison(False, math.inf, "NaN (or unwritten) output")
-    err = (out.to(exact.dtype) - exact).abs().max().item() if out.numel() else 0.0
-    budget = 2.0 * ((low.to(exact.dtype) - exact).abs().max().item() if low.numel() else 0.0) + REF_ATOL
+    err = (out.to(exact.device, exact.dtype) - exact).abs().max().item() if out.numel() else 0.0
+    budget = reference_budget(exact, low)
     return Comparison(err <= budget, err / budget, f"max err {err:.3g} (budget {budget:.3g})")
 
 
-def against_emulator(out: torch.Tensor, emu: torch.Tensor, dtype: torch.dtype) -> Comparison:
+def against_emulator(
+    out: torch.Tensor, emu: torch.Tensor, dtype: torch.dtype, budget: float, *,
+    min_identical: float = EMU_MIN_IDENTICAL,
+) -> Comparison:
+    """`budget`: the reference budget B of the same call (reference_budget). `min_identical`: the
+    bit-identical share to require (lower it only where the scores are ill-conditioned: at |s| ~ 1e6
+    the tensor core's summation order alone moves exp2 arguments by ~0.1)."""
     if out.numel() == 0:
         return Comparison(True, 0.0, "empty")
-    a, b = out.to(torch.float32).cpu(), emu.to(torch.float32).cpu()
-    if torch.isnan(a).any() or torch.isnan(b).any():
+    a, e = out.to(torch.float32).cpu(), emu.to(torch.float32).cpu()
+    if torch.isnan(a).any() or torch.isnan(e).any():
         return Comparison(False, math.inf, "NaN output")
-    diff = (a - b).abs()
-    ulps = diff / ulp(torch.maximum(a.abs(), b.abs()), dtype)
-    worst = ulps.max().item()
-    same = (diff == 0).float().mean().item()
+    diff = (a - e).abs()
+    allowed = ulp(e, dtype) + EMU_BUDGET_SHARE * budget
+    worst = (diff / allowed).max().item()
+    same = (diff == 0).double().mean().item()
+    ok = worst <= 1 and same >= min_identical
     return Comparison(
-        worst <= EMU_ULPS, worst / EMU_ULPS,
-        f"max {worst:.2g} ulp (allowed {EMU_ULPS}), {100 * same:.1f}% identical, max abs {diff.max().item():.3g}",
+        ok, max(worst, min_identical / max(same, 1e-9)),
+        f"{100 * same:.1f}% identical (>= {100 * min_identical:.0f}%), max diff {diff.max().item():.3g} "
+        f"= {worst:.2f} of 1 ulp + B/4",
     )
 
 
 def _lse_rows(lse: torch.Tensor, other: torch.Tensor) -> tuple[bool, torch.Tensor]:
-    same_inf = torch.equal(lse.isinf(), other.isinf())
-    return same_inf, ~other.isinf()
+    return torch.equal(lse.isinf(), other.isinf()), ~other.isinf()
 
 
 def lse_against_reference(lse: torch.Tensor, exact: torch.Tensor) -> Comparison:
-    lse, exact = lse.to(exact.device, exact.dtype), exact
+    lse = lse.to(exact.device, exact.dtype)
     same_inf, fin = _lse_rows(lse, exact)
     if not same_inf or torch.isnan(lse).any():
         return Comparison(False, math.inf, "LSE -inf rows (or NaN) differ from the reference")
     if not fin.any():
         return Comparison(True, 0.0, "all rows masked")
-    allowed = LSE_ATOL + LSE_RTOL * exact[fin].abs()
-    worst = ((lse[fin] - exact[fin]).abs() / allowed).max().item()
-    return Comparison(worst <= 1, worst, f"LSE max err {(lse[fin] - exact[fin]).abs().max().item():.3g}")
+    err = (lse[fin] - exact[fin]).abs()
+    worst = (err / (LSE_ATOL + LSE_RTOL * exact[fin].abs())).max().item()
+    return Comparison(worst <= 1, worst, f"LSE max err {err.max().item():.3g}")
 
 
-def lse_against_emulator(lse: torch.Tensor, emu: torch.Tensor, *, softcap: float) -> Comparison:
+def lse_against_emulator(
+    lse: torch.Tensor, emu: torch.Tensor, *, approx: bool, rtol: float = EMU_LSE_RTOL
+) -> Comparison:
+    """`approx`: softcap (tanh.approx) or the polynomial exp2 is in the kernel. `rtol`: raise it only
+    for ill-conditioned scores (|s| ~ 1e6 carries fp32 summation-order differences of a few units)."""
     lse, emu = lse.to(torch.float32).cpu(), emu.to(torch.float32).cpu()
     same_inf, fin = _lse_rows(lse, emu)
     if not same_inf or torch.isnan(lse).any():
         return Comparison(False, math.inf, "LSE -inf rows (or NaN) differ from the emulator")
     if not fin.any():
         return Comparison(True, 0.0, "all rows masked")
-    allowed = EMU_LSE_ATOL + EMU_LSE_RTOL * emu[fin].abs() + (EMU_LSE_SOFTCAP if softcap else 0.0)
+    allowed = EMU_LSE_ATOL + rtol * emu[fin].abs() + (EMU_LSE_APPROX if approx else 0.0)
     err = (lse[fin] - emu[fin]).abs()
     worst = (err / allowed).max().item()
     return Comparison(worst <= 1, worst, f"LSE max diff {err.max().item():.3g}")
 
 
 __all__ = [
-    "Comparison", "EMU_ULPS", "LSE_ATOL", "LSE_RTOL", "REF_ATOL", "against_emulator", "against_reference",
-    "lse_against_emulator", "lse_against_reference", "ulp",
+    "Comparison", "EMU_MIN_IDENTICAL", "LSE_ATOL", "LSE_RTOL", "REF_ATOL", "against_emulator", "against_reference",
+    "lse_against_emulator", "lse_against_reference", "reference_budget", "ulp",
 ]

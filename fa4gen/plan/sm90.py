@@ -21,6 +21,7 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
 DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
+THRESHOLD_LIMIT = {"fp16": 14.0, "bf16": 64.0}
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
 
 
@@ -43,6 +44,12 @@ def _poly(spec: AttentionSpec, tile_n: int, problems: list):
     fit = fit_exp2(spec.pipeline.poly_exp.degree)
     cols = tile_n // 4
     every = 0 if share == 0.0 else max(1, round(1.0 / share))
+    if every and fit.max_rel_error > 2.0**-12:
+        problems.append(problem(
+            "pipeline.poly_exp.degree",
+            f"degree {fit.degree} fits exp2 only to {fit.max_rel_error:.1e} relative error, which shows in bf16/fp16 "
+            "results (the emulator puts degree 1 at 4-17x the error budget); use degree >= 3",
+        ))
     if every > cols:
         problems.append(problem(
             "pipeline.poly_exp.share",
@@ -80,6 +87,14 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         problems.append(problem(
             "head_dim", f"WGMMA consumes K in steps of 16, so sm90 needs head dims that are multiples of 16 "
             f"(got {spec.head_dim}/{spec.head_dim_v})",
+        ))
+    # A row keeps a stale max until it grows by more than the threshold, so P (rounded to the input
+    # dtype before P·V) can reach 2**threshold: fp16 overflows past 2**15, and exp2 in fp32 past 2**127.
+    limit = THRESHOLD_LIMIT[spec.dtype]
+    if p.rescale_threshold > limit:
+        problems.append(problem(
+            "pipeline.rescale_threshold",
+            f"with {spec.dtype}, P can reach 2**rescale_threshold, so it must be <= {limit} (got {p.rescale_threshold})",
         ))
     if spec.varlen:
         problems.append(problem("varlen", "varlen is not available in the sm90 family yet (planned in issue #3)"))

@@ -112,8 +112,8 @@ def attention_ref_varlen(
         used = seqused_k.tolist()
         if len(used) != len(cq) - 1:
             raise ValueError(f"seqused_k: expected {len(cq) - 1} entries (batch), got {len(used)}")
-    kw = dict(softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-              causal=causal, window=window, chunk=chunk, softcap=softcap, upcast=upcast, dtype=dtype)
+    kw = dict(softmax_scale=softmax_scale, causal=causal, window=window, chunk=chunk, softcap=softcap,
+              upcast=upcast, dtype=dtype)
     outs, lses = [], []
     for i in range(len(cq) - 1):
         k0, k1 = ck[i], ck[i + 1]

@@ -1,0 +1,166 @@
+"""Fuzzing a generated package's attention() with bad arguments, on the CPU.
+
+The catalogue of bad calls is fa4gen.golden.badcalls: one valid call turned into a call with one
+bad argument (dtype, device, rank, head dim, GQA ratio, strides, seqlens, out=, window,
+chunk_size, softmax_scale, return_lse, requires_grad, varlen arguments the API does not have).
+Every one must raise ValueError, TypeError or RuntimeError before anything is launched — the
+kernel launcher is replaced by a tripwire — with a message naming the bad argument.
+
+On the CPU the API stops at "q: expected a CUDA tensor" before it looks at most arguments, so
+this file checks (1) that no bad call gets further than an error, for every mutation, (2) the
+argument names for the mutations checked before the device, (3) the device-independent checks
+one by one, and (4) marks as xfail(strict) the end-to-end naming that needs the checks
+reordered. tests/test_gpu_robustness.py runs the whole catalogue end to end on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fa4gen.api.runtime import ForwardOp
+from fa4gen.golden import load_variant
+from fa4gen.golden.badcalls import CHECKED_BEFORE_DEVICE, MUTATIONS, applicable, bad_call, good_call, names_argument
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p.name for p in (ROOT / "generated").iterdir() if (p / "spec.lock.json").exists())
+FUZZ = settings(
+    max_examples=int(os.environ.get("FA4GEN_FUZZ_EXAMPLES", "150")), deadline=None,
+    derandomize=os.environ.get("FA4GEN_FUZZ_RANDOM") != "1", database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+ERRORS = (ValueError, TypeError, RuntimeError)
+shapes = st.tuples(st.integers(1, 2), st.integers(1, 70), st.integers(0, 70), st.sampled_from([2, 4]), st.just(2))
+
+
+class Launched(AssertionError):
+    """A bad call got past every check."""
+
+
+_packages: dict[str, tuple] = {}
+
+
+def _package(name: str):
+    if name not in _packages:
+        variant = load_variant(ROOT / "generated" / name)
+        _packages[name] = (variant.load(), variant.plans[0])
+    return _packages[name]
+
+
+@contextlib.contextmanager
+def tripwire(pkg):
+    """Replace the package's compile-and-launch step with one that fails the test."""
+    op: ForwardOp = pkg._forward
+
+    def launch(arch):
+        raise Launched(f"{op.name}: a bad call reached the kernel launch ({arch})")
+
+    op.function = launch
+    try:
+        yield
+    finally:
+        del op.function
+
+
+def _reject(pkg, call):
+    with tripwire(pkg), pytest.raises(ERRORS) as err:
+        call.run(pkg.attention)
+    return str(err.value)
+
+
+@FUZZ
+@given(st.sampled_from(PACKAGES), shapes, st.sampled_from(sorted(MUTATIONS)), st.integers(0, 20))
+def test_every_bad_call_is_refused_before_launch(name, shape, kind, variant):
+    pkg, plan = _package(name)
+    base = good_call(plan, shape=shape)
+    if not applicable(kind, plan, base):
+        return
+    call, arg = bad_call(plan, base, kind, variant)
+    message = _reject(pkg, call)
+    assert message.strip(), kind
+
+
+@FUZZ
+@given(st.sampled_from(PACKAGES), shapes, st.sampled_from(CHECKED_BEFORE_DEVICE), st.integers(0, 20))
+def test_arguments_checked_before_the_device_are_named(name, shape, kind, variant):
+    pkg, plan = _package(name)
+    call, arg = bad_call(plan, good_call(plan, shape=shape), kind, variant)
+    message = _reject(pkg, call)
+    assert names_argument(message, arg), f"{kind}: {message!r} does not name {arg!r}"
+
+
+def test_cpu_tensors_are_refused_naming_the_device():
+    pkg, plan = _package("llama3_8b")
+    message = _reject(pkg, good_call(plan))
+    assert message.startswith("q: expected a CUDA tensor")
+
+
+# --- the device-independent checks, one at a time -------------------------------------------------
+
+VALIDATED = {
+    # kind: how ForwardOp checks it without a device (its own helper, as __call__ calls it)
+    "softmax_scale": lambda op, plan, call: ForwardOp._scale(call.kwargs["softmax_scale"], plan),
+    "window": lambda op, plan, call: ForwardOp._runtime_args(plan, 0.125, call.kwargs["window"], None),
+    "chunk_size": lambda op, plan, call: ForwardOp._runtime_args(plan, 0.125, None, call.kwargs["chunk_size"]),
+    "out": lambda op, plan, call: ForwardOp._check_out(
+        call.kwargs["out"], (*call.q.shape[:3], plan["head_dim_v"]), call.q.dtype),
+    "kv_heads": lambda op, plan, call: op._check_shapes(call.q, call.k, call.v, plan),
+    "kv_batch": lambda op, plan, call: op._check_shapes(call.q, call.k, call.v, plan),
+    "v_seqlen": lambda op, plan, call: op._check_shapes(call.q, call.k, call.v, plan),
+    "v_heads": lambda op, plan, call: op._check_shapes(call.q, call.k, call.v, plan),
+}
+
+
+@FUZZ
+@given(st.sampled_from(PACKAGES), shapes, st.sampled_from(sorted(VALIDATED)), st.integers(0, 20))
+def test_device_independent_checks_name_the_argument(name, shape, kind, variant):
+    pkg, plan = _package(name)
+    call, arg = bad_call(plan, good_call(plan, shape=shape), kind, variant)
+    if kind == "kv_heads" and call.k.shape[2] == 0:
+        return
+    with pytest.raises(ERRORS) as err:
+        VALIDATED[kind](pkg._forward, plan, call)
+    assert names_argument(str(err.value), arg), f"{kind}: {err.value!s} does not name {arg!r}"
+
+
+def test_valid_values_pass_the_device_independent_checks():
+    for name in PACKAGES:
+        pkg, plan = _package(name)
+        call = good_call(plan)
+        assert math.isclose(ForwardOp._scale(None, plan), plan["head_dim"] ** -0.5)
+        assert ForwardOp._scale(0.5, plan) == 0.5
+        args = ForwardOp._runtime_args(plan, 0.125, (3, 0) if plan["local"] else None, 64 if plan["chunked"] else None)
+        assert len(args) == 1 + (plan["softcap"] > 0) + 2 * plan["local"] + plan["chunked"]
+        pkg._forward._check_shapes(call.q, call.k, call.v, plan)
+
+
+def test_bad_arguments_are_named_even_with_cpu_tensors():
+    pkg, plan = _package("mistral_7b")
+    for kind in sorted(MUTATIONS):
+        if not applicable(kind, plan, good_call(plan)):
+            continue
+        for variant in range(MUTATIONS[kind][1]):
+            call, arg = bad_call(plan, good_call(plan), kind, variant)
+            message = _reject(pkg, call)
+            assert names_argument(message, arg), f"{kind}/{variant}: {message!r} does not name {arg!r}"
+
+
+def test_chunk_size_beyond_int32_is_refused():
+    pkg, plan = _package("llama4_chunked")
+    with pytest.raises(ValueError, match="chunk_size"):
+        ForwardOp._runtime_args(plan, 0.125, None, 2**31)
+
+
+def test_grad_needs_no_gpu_to_be_refused():
+    pkg, plan = _package("vit_encoder")
+    call = good_call(plan)
+    call.q.requires_grad_()
+    with torch.enable_grad():
+        assert "q requires grad" in _reject(pkg, call)
