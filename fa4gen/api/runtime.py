@@ -214,9 +214,8 @@ class ForwardOp:
             args.append(scale / softcap)
         if plan["local"]:
             left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
-            if seqlens is not None:  # a side wider than both sequences is the same as that width (Int32-safe)
-                widest = max(seqlens)
-                left, right = (w if w < 0 else min(w, widest) for w in (left, right))
+            if seqlens is not None:
+                left, right = clamp_window(left, right, *seqlens)
             args += [left, right]
         elif window is not None:
             _fail(f"window: this spec's mask is {plan['mask_kind']!r}; window applies to sliding_window specs only")
@@ -228,6 +227,13 @@ class ForwardOp:
         elif chunk_size is not None:
             _fail(f"chunk_size: this spec's mask is {plan['mask_kind']!r}; chunk_size applies to chunked specs only")
         return args
+
+
+def clamp_window(left: int, right: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """A window side wider than both sequences sees the same keys as one of exactly that width; the
+    kernel adds window sides to positions in Int32, so they are clamped there before the launch."""
+    widest = max(seqlen_q, seqlen_k)
+    return tuple(w if w < 0 else min(w, widest) for w in (left, right))
 
 
 def _window(window) -> tuple[int, int]:

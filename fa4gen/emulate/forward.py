@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fa4gen.api.runtime import clamp_window
 from fa4gen.emulate import tiling
 
 LOG2_E = math.log2(math.e)
@@ -192,7 +193,9 @@ def emulate_forward(q, k, v, plan_or_algo, *, softmax_scale=None, window=None, c
     b, s_q, h, _ = q.shape
     s_k, h_kv = k.shape[1], k.shape[2]
     scale_log2, softcap_pre = runtime_scalars(algo, softmax_scale)
-    mask_values = _mask_values(algo, window, chunk_size)
+    left, right, chunk = _mask_values(algo, window, chunk_size)
+    # what the generated attention() passes to the kernel: window sides clamped to the sequences
+    mask_values = (*clamp_window(left, right, s_q, s_k), chunk)
     tile_m, tile_n = algo.tile_m, algo.tile_n
     n_blocks = -(-s_k // tile_n)
     # (b, h, s, d) fp32 views; kv heads repeated over their q-head group; K/V zero-filled past
