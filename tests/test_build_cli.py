@@ -71,21 +71,23 @@ def test_plan_json(work: Path):
     assert json.loads(result.stdout) == json.loads(plan.to_json())
 
 
-def test_plan_sm100_not_available(work: Path):
+def test_plan_sm100(work: Path):
     result = fa4gen_cli("plan", "specs/deepseek_mla.yaml", "--arch", "sm100", cwd=work)
-    assert result.returncode == 2
-    assert "not available yet" in result.stderr
-    assert result.stderr.startswith("deepseek_mla [sm100]: targets:")
-    assert result.stdout == ""
+    assert result.returncode == 0, result.stderr
+    (plan,) = plan_kernels(load_spec(work / "specs" / "deepseek_mla.yaml"), "sm100")
+    assert plan.describe() in result.stdout
+    assert "TMEM columns" in result.stdout
     _no_traceback(result)
 
 
-def test_plan_without_arch_skips_unavailable_targets(work: Path):
+def test_plan_without_arch_lists_every_target(work: Path):
     result = fa4gen_cli("plan", "specs/deepseek_mla.yaml", cwd=work)
-    (plan,) = plan_kernels(load_spec(work / "specs" / "deepseek_mla.yaml"), "sm90")
-    assert plan.describe() in result.stdout
-    assert "not available yet" in result.stdout + result.stderr
-    assert result.returncode == 0
+    assert result.returncode == 0, result.stderr
+    spec = load_spec(work / "specs" / "deepseek_mla.yaml")
+    for arch in ("sm90", "sm100"):
+        (plan,) = plan_kernels(spec, arch)
+        assert plan.describe() in result.stdout
+    assert "not available yet" not in result.stdout + result.stderr
 
 
 def test_plan_arch_not_in_targets(work: Path):
@@ -145,26 +147,16 @@ def test_build_plan_failure_writes_nothing_for_that_spec(work: Path):
     _no_traceback(result)
 
 
-def test_build_compile_sm100_not_available(work: Path):
-    out = work / "X"
-    result = fa4gen_cli("build", "--compile", "--arch", "sm100", "specs/deepseek_mla.yaml", "--out", str(out), cwd=work)
-    assert result.returncode == 2
-    assert "not available yet" in result.stderr
-    assert "deepseek_mla [sm100]" in result.stderr
-    assert "compiling" not in result.stderr
-    assert not (out / "deepseek_mla").exists()
-    _no_traceback(result)
-
-
-def test_build_without_compile_lists_sm100_as_not_available(work: Path):
+def test_build_writes_the_sm100_kernel(work: Path):
     out = work / "X"
     result = fa4gen_cli("build", "specs/deepseek_mla.yaml", "--out", str(out), cwd=work)
     assert result.returncode == 0, result.stderr
     row = [line for line in result.stdout.splitlines() if " sm100 " in line]
-    assert len(row) == 1 and "not available yet" in row[0]
+    assert len(row) == 1 and "fwd_sm100" in row[0] and "not available" not in row[0]
+    assert (out / "deepseek_mla" / "fwd_sm100.py").is_file()
     lock = json.loads((out / "deepseek_mla" / "spec.lock.json").read_text())
-    assert [p["arch"] for p in lock["plans"]] == ["sm90"]
-    assert "not available yet" in lock["unavailable_targets"]["sm100"]
+    assert [p["arch"] for p in lock["plans"]] == ["sm90", "sm100"]
+    assert lock["unavailable_targets"] == {}
 
 
 def test_build_missing_file(work: Path):

@@ -385,15 +385,24 @@ def test_head_dim_not_multiple_of_16_refused(head_dim):
     assert "head_dim" in [p.location for p in err.problems]
 
 
-def test_sm100_not_available():
+def test_unavailable_family_raises_not_available(monkeypatch):
+    """A target registered as unavailable (as sm100 was before its family existed) gets NotAvailableError."""
+    from fa4gen.plan import ArchFamily
+
+    monkeypatch.setitem(ARCHS, "sm100", ArchFamily("sm100", "sm_100a", (), unavailable="not available yet (test)"))
     spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}) | {"targets": ["sm90", "sm100"]})
     with pytest.raises(NotAvailableError) as info:
         plan_kernels(spec, "sm100")
     assert "not available yet" in str(info.value)
     assert isinstance(info.value, PlanError)
-    assert ARCHS["sm100"].unavailable
     # the sm90 target of the same spec still plans
     assert plan_kernels(spec, "sm90")[0].arch == "sm90"
+
+
+def test_sm100_is_available():
+    spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}) | {"targets": ["sm90", "sm100"]})
+    assert not ARCHS["sm100"].unavailable
+    assert plan_kernels(spec, "sm100")[0].arch == "sm100"
 
 
 def test_arch_not_in_targets_or_unknown():

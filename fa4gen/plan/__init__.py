@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from fa4gen.plan import sm90
+from fa4gen.plan import sm90, sm100
 from fa4gen.plan.model import Budget, KernelPlan, NotAvailableError, PlanError, problem
 from fa4gen.spec import AttentionSpec
 
@@ -25,10 +25,7 @@ class ArchFamily:
 
 ARCHS: dict[str, ArchFamily] = {
     "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward,)),
-    "sm100": ArchFamily(
-        "sm100", "sm_100a", (),
-        unavailable="the sm100 (Blackwell) kernel family is not available yet (planned in issue #5)",
-    ),
+    "sm100": ArchFamily("sm100", "sm_100a", (sm100.plan_forward,)),
 }
 
 

@@ -452,8 +452,296 @@ def model_check(
     return out
 
 
+# --- SM100 forward: pipelines and role programs --------------------------------------------------
+
+TMEM_BARRIER = 1
+EPILOGUE_BARRIER = 2
+
+
+def sm100_pipelines(*, q_tiles: int, kv_stages: int, q_bytes: int, k_bytes: int, two_cta: bool = False):
+    """The SM100 forward's pipelines (one CTA's view; `two_cta` counts the peer CTA's arrivals)."""
+    peers = 2 if two_cta else 1
+    return (
+        PipelineSpec("q", "PipelineTmaUmma", "load", ("mma",), q_tiles, 1, 1, tx_bytes=q_bytes * peers,
+                     purpose="the CTA's Q tiles, loaded once per work tile, released after its last S MMA"),
+        PipelineSpec("kv", "PipelineTmaUmma", "load", ("mma",), kv_stages, 1, 1, tx_bytes=k_bytes * peers,
+                     purpose="K and V blocks alternating in one ring: K0 V0 K1 V1 ..."),
+        PipelineSpec("sp", "PipelineUmmaAsync", "mma", ("softmax", "correction"), q_tiles, 1, 256 * peers,
+                     stage_by="q_tile", producer_start_phase=0,
+                     purpose="S_i in TMEM (full) / P_i written and O_i rescaled (empty): gates P_i·V and the next S_i"),
+        PipelineSpec("stats", "PipelineAsync", "softmax", ("correction",), q_tiles, 128, 128, stage_by="q_tile",
+                     purpose="row scale (and the final row max and sum) of step j, through TMEM"),
+        PipelineSpec("o", "PipelineUmmaAsync", "mma", ("correction",), q_tiles, 1, 128 * peers, stage_by="q_tile",
+                     purpose="O_i complete after the tile's last P_i·V (full) / read by the epilogue (empty)"),
+    )
+
+
+def sm100_named_barriers(*, q_tiles: int):
+    return (
+        NamedBarrierSpec("tmem", TMEM_BARRIER, 32 * (1 + 4 * q_tiles + 4),
+                         "MMA, softmax and correction warps: TMEM allocated (start) / no longer used (end)"),
+        NamedBarrierSpec("epilogue", EPILOGUE_BARRIER, 128, "correction warps: O tile in shared memory"),
+    )
+
+
+def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
+    """What each SM100 role does, op by op, over the CTA's work `tiles` (key blocks per tile).
+
+    Mirrors templates/sm100 (load, mma, softmax, correction partials) step for step.
+    """
+    P = {p.name: p for p in plan.pipelines}
+    T = plan.q_tiles
+    tmem_threads = 32 * (1 + 4 * T + 4)
+
+    def load():
+        q, kv = PhaseTracker(P["q"], "producer"), PhaseTracker(P["kv"], "producer")
+
+        def kv_load(what, t, j, nbytes):
+            s, ph = kv.next()
+            yield acquire("kv", s, ph, tx=nbytes)
+            yield tma_load("kv", s, f"sKV[{s}]", (what, t, j), nbytes)
+
+        for t, n in enumerate(tiles):
+            yield from kv_load("K", t, 0, plan.k_bytes)
+            for i in range(T):
+                s, ph = q.next()
+                yield acquire("q", s, ph, tx=plan.q_bytes)
+                yield tma_load("q", s, f"sQ[{s}]", ("Q", t, i), plan.q_bytes)
+            yield from kv_load("V", t, 0, plan.v_bytes)
+            for j in range(1, n):
+                yield from kv_load("K", t, j, plan.k_bytes)
+                yield from kv_load("V", t, j, plan.v_bytes)
+        for tracker, name in ((kv, "kv"), (q, "q")):
+            for _ in range(P[name].stages):
+                s, ph = tracker.next()
+                yield acquire(name, s, ph, count=0)
+
+    def mma_role():
+        q, kv = PhaseTracker(P["q"], "consumer"), PhaseTracker(P["kv"], "consumer")
+        sp = [PhaseTracker(P["sp"], "producer", i) for i in range(T)]
+        o = [PhaseTracker(P["o"], "producer", i) for i in range(T)]
+        clobber = lambda i: ((f"P{i}", None), (f"St{i}", None))  # noqa: E731 - S_i's columns hold P_i, stats_i
+        yield bar_sync(TMEM_BARRIER, tmem_threads, 32)
+        for t, n in enumerate(tiles):
+            for i in range(T):
+                s, ph = o[i].next()
+                yield acquire("o", s, ph)
+            qs = []
+            for i in range(T):
+                s, ph = q.next()
+                yield wait("q", s, ph)
+                qs.append(s)
+            ks, ph = kv.next()
+            yield wait("kv", ks, ph)
+            for i in range(T):
+                yield mma([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, 0))],
+                          [(f"S{i}", ("S", t, 0)), *clobber(i)], f"S{i} = Q{i}·K0", pipe="sp", stage=i)
+                yield commit("sp", i)
+            yield release("kv", ks)
+            for j in range(1, n + 1):
+                vs, ph = kv.next()
+                yield wait("kv", vs, ph)
+                for i in range(T):
+                    s, ph = sp[i].next()
+                    yield acquire("sp", s, ph)
+                    o_in = [(f"O{i}", ("Os", t, j - 2))] if j >= 2 else []
+                    first = dict(pipe="o", stage=i) if j == 1 else {}
+                    yield mma([(f"P{i}", ("P", t, j - 1)), (f"sKV[{vs}]", ("V", t, j - 1)), *o_in],
+                              [(f"O{i}", ("O", t, j - 1))], f"O{i} += P{i}·V{j - 1}", **first)
+                    if j == n:
+                        yield commit("o", i)
+                        continue
+                    if i == 0:
+                        ks, ph = kv.next()
+                        yield wait("kv", ks, ph)
+                    yield mma([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, j))],
+                              [(f"S{i}", ("S", t, j)), *clobber(i)], f"S{i} = Q{i}·K{j}", pipe="sp", stage=i)
+                    yield commit("sp", i)
+                yield release("kv", vs)
+                if j < n:
+                    yield release("kv", ks)
+            for i in range(T):
+                yield release("q", qs[i])
+        yield bar_sync(TMEM_BARRIER, tmem_threads, 32)
+
+    def softmax(i):
+        sp, st = PhaseTracker(P["sp"], "consumer", i), PhaseTracker(P["stats"], "producer", i)
+        yield bar_sync(TMEM_BARRIER, tmem_threads, 128)
+        for t, n in enumerate(tiles):
+            for j in range(n):
+                s, ph = sp.next()
+                yield wait("sp", s, ph)
+                yield read((f"S{i}", ("S", t, j)), note="S from TMEM")
+                s, ph = st.next()
+                yield acquire("stats", s, ph)
+                yield write((f"St{i}", ("St", t, j)), pipe="stats", stage=i)
+                yield commit("stats", i, 128)
+                yield write((f"P{i}", ("P", t, j)))
+                yield release("sp", i, 128)
+        yield bar_arrive(TMEM_BARRIER, tmem_threads, 128)
+
+    def correction():
+        st = [PhaseTracker(P["stats"], "consumer", i) for i in range(T)]
+        o = [PhaseTracker(P["o"], "consumer", i) for i in range(T)]
+        yield bar_sync(TMEM_BARRIER, tmem_threads, 128)
+        for t, n in enumerate(tiles):
+            for j in range(n):
+                for i in range(T):
+                    s, ph = st[i].next()
+                    yield wait("stats", s, ph)
+                    yield read((f"St{i}", ("St", t, j)))
+                    yield release("stats", i, 128)
+                    if j >= 1:
+                        yield read((f"O{i}", ("O", t, j - 1)), note="rescale O")
+                        yield write((f"O{i}", ("Os", t, j - 1)))
+                    yield release("sp", i, 128)
+            yield store_wait()
+            yield bar_sync(EPILOGUE_BARRIER, 128, 128)
+            for i in range(T):
+                s, ph = o[i].next()
+                yield wait("o", s, ph)
+                yield read((f"O{i}", ("O", t, n - 1)), note="epilogue")
+                yield write((f"sO{i}", ("Ofin", t, i)))
+                yield release("o", i, 128)
+                yield bar_sync(EPILOGUE_BARRIER, 128, 128)
+                yield tma_store(f"sO{i}", ("Ofin", t, i))
+        yield store_wait()
+        yield bar_arrive(TMEM_BARRIER, tmem_threads, 128)
+
+    programs = {"load": load(), "mma": mma_role(), "correction": correction()}
+    for i in range(T):
+        programs[f"softmax{i}"] = softmax(i)
+    return programs
+
+
+# --- SM90 forward (templates/sm90): pipelines derived from the plan, role programs -----------------
+
+SM90_EPILOGUE_BARRIER = 1
+SM90_PINGPONG_BARRIER = 2
+
+
+def sm90_pipelines(plan):
+    """The SM90 forward's pipelines: Q (1 stage), K and V (kv_stages each), TMA producer thread,
+    one release arrival per consumer warp."""
+    warps = 4 * plan.num_mma_warpgroups
+    q_bytes = plan.tile_m * plan.head_dim * 2
+    k_bytes = plan.tile_n * plan.head_dim * 2
+    v_bytes = plan.tile_n * plan.head_dim_v * 2
+    return (
+        PipelineSpec("q", "PipelineTmaAsync", "producer", ("consumer",), 1, 1, warps, tx_bytes=q_bytes,
+                     purpose="the Q tile, loaded once"),
+        PipelineSpec("k", "PipelineTmaAsync", "producer", ("consumer",), plan.kv_stages, 1, warps, tx_bytes=k_bytes,
+                     purpose="K blocks, released right after the S GEMM"),
+        PipelineSpec("v", "PipelineTmaAsync", "producer", ("consumer",), plan.kv_stages, 1, warps, tx_bytes=v_bytes,
+                     purpose="V blocks, released after the P·V GEMM"),
+    )
+
+
+def sm90_named_barriers(plan):
+    wgs = plan.num_mma_warpgroups
+    out = [NamedBarrierSpec("epilogue", SM90_EPILOGUE_BARRIER, 128 * wgs, "consumer warpgroups: O over Q's smem")]
+    if plan.ping_pong:
+        out += [NamedBarrierSpec(f"pingpong{c}", SM90_PINGPONG_BARRIER + c, 256, f"warpgroup {c}'s turn")
+                for c in range(wgs)]
+    return tuple(out)
+
+
+def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
+    """One SM90 CTA (one query tile, `n_blocks` key blocks); mirrors templates/sm90 (_roles, _consumer)."""
+    P = {p.name: p for p in sm90_pipelines(plan)}
+    W = plan.num_mma_warpgroups
+    PP = SM90_PINGPONG_BARRIER
+
+    def producer():
+        q, k, v = (PhaseTracker(P[x], "producer") for x in "qkv")
+        s, ph = q.next()
+        yield acquire("q", s, ph, tx=P["q"].tx_bytes)
+        yield tma_load("q", s, "sQ", ("Q",), P["q"].tx_bytes)
+        for j in range(n_blocks):
+            for name, tr in (("k", k), ("v", v)):
+                s, ph = tr.next()
+                yield acquire(name, s, ph, tx=P[name].tx_bytes)
+                yield tma_load(name, s, f"s{name.upper()}[{s}]", (name.upper(), j), P[name].tx_bytes)
+
+    def consumer(c):
+        q, k, v = (PhaseTracker(P[x], "consumer") for x in "qkv")
+        kslots = [k.next() for _ in range(n_blocks)]
+        vslots = [v.next() for _ in range(n_blocks)]
+        s, ph = q.next()
+        yield wait("q", s, ph)
+
+        def s_gemm(j):
+            yield wait("k", *kslots[j])
+            yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)), note=f"S = Q·K{j} (wg {c})")
+
+        def pv_gemm(j):
+            yield wait("v", *vslots[j])
+            yield read((f"sV[{vslots[j][0]}]", ("V", j)), note=f"O += P·V{j} (wg {c})")
+
+        if plan.ping_pong and c == W - 1:
+            yield bar_arrive(PP, 256, 128)
+        if plan.intra_wg_overlap:
+            if n_blocks:
+                yield from s_gemm(0)
+                yield release("k", kslots[0][0], 4)
+            for j in range(1, n_blocks):
+                if plan.ping_pong:
+                    yield wait("k", *kslots[j])
+                    yield bar_sync(PP + c, 256, 128)
+                    yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)))
+                else:
+                    yield from s_gemm(j)
+                yield from pv_gemm(j - 1)
+                if plan.ping_pong:
+                    yield bar_arrive(PP + (c + 1) % W, 256, 128)
+                yield release("k", kslots[j][0], 4)
+                yield release("v", vslots[j - 1][0], 4)
+            if n_blocks:
+                yield from pv_gemm(n_blocks - 1)
+                yield release("v", vslots[n_blocks - 1][0], 4)
+        else:
+            for j in range(n_blocks):
+                yield wait("k", *kslots[j])
+                if plan.ping_pong:
+                    yield bar_sync(PP + c, 256, 128)
+                yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)))
+                if plan.ping_pong:
+                    yield bar_arrive(PP + (c + 1) % W, 256, 128)
+                yield release("k", kslots[j][0], 4)
+                yield from pv_gemm(j)
+                yield release("v", vslots[j][0], 4)
+        if plan.ping_pong and c == 0:
+            yield bar_sync(PP, 256, 128)
+        # epilogue: O rows go over Q's shared memory (any row may overlay any warpgroup's Q rows)
+        yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
+        yield write(("sQ", ("O", c)))
+        yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
+
+    programs = {"producer": producer()}
+    for c in range(W):
+        programs[f"consumer{c}"] = consumer(c)
+    return programs
+
+
+def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, seed: int = 0) -> list[ModelRun]:
+    rng = random.Random(seed)
+    model = ProtocolModel(sm90_pipelines(plan), sm90_named_barriers(plan))
+    return [model.run(sm90_programs(plan, rng.randint(0, max_blocks)), seed=seed * 7919 + r) for r in range(runs)]
+
+
+def check_sm100(plan, *, runs: int = 40, max_tiles: int = 4, max_blocks: int = 5, seed: int = 0) -> list[ModelRun]:
+    return model_check(plan.pipelines, plan.named_barriers, lambda tiles: sm100_programs(plan, tiles),
+                       runs=runs, max_tiles=max_tiles, max_blocks=max_blocks, seed=seed)
+
+
 __all__ = [
     "NamedBarrierSpec",
+    "check_sm100",
+    "check_sm90",
+    "sm100_named_barriers",
+    "sm100_pipelines",
+    "sm90_named_barriers",
+    "sm90_pipelines",
     "Op",
     "PhaseTracker",
     "PipelineSpec",

@@ -1,0 +1,128 @@
+"""Device helpers, sm100: the TMEM fragment facts the SM100 forward relies on, checked thread by thread.
+
+The layouts are static, so tracing a kernel on the CPU evaluates every coordinate exactly. For each of
+the 128 threads of a warpgroup and key tiles of 64 and 128 columns:
+  * the 16x256b score fragment, seen through `quad_rows_cols`, is a (row, col) grid: one row per view
+    row, one column per view column; a thread holds 4 rows (r, r+8, r+16, r+24) of its warp's 32 lanes;
+  * the 4 lanes of a quad hold the same rows, in the same order, and together every column of them —
+    the premise of the shared softmax helpers' quad reductions;
+  * word w of chunk (rb, cb) of the 16x128b P store holds exactly the scores 2w and 2w+1 of chunk
+    (rb, cb) of the score fragment (same row, columns 2c and 2c+1 of the packed P);
+  * the correction warps' 16x256b O fragment gives a thread the same rows in the same order as its
+    softmax twin's score fragment (the row statistics travel thread to thread);
+  * the 32x32b statistics scratch of thread t is TMEM lane t;
+  * a Q tile's TMEM view at a run-time tile index addresses the plan's column for that tile.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.compile
+cute = pytest.importorskip("cutlass.cute")
+
+from cutlass import Float32  # noqa: E402
+
+from fa4gen.compile.aot import target_arch  # noqa: E402
+from fa4gen.device import sm100 as bw  # noqa: E402
+
+LANE = 1 << 16  # TMEM address: lane in the upper half-word
+
+
+def _coords(part):
+    return [tuple(int(x) for x in part[i]) for i in range(cute.size(part))]
+
+
+def _check_thread(base, t: int, tile_n: int):
+    s_view = bw.tmem_view(base, 0, tile_n)
+    _, _, s_c = bw.score_load(s_view, t)
+    rc = bw.quad_rows_cols(s_c)
+    n_rows, n_cols = cute.size(rc, mode=[0]), cute.size(rc, mode=[1])
+    assert (n_rows, n_cols) == (bw.ROWS_PER_THREAD, tile_n // 4)
+    rows = [int(rc[r, 0][0]) for r in range(n_rows)]
+    cols = [int(rc[0, c][1]) for c in range(n_cols)]
+    for r in range(n_rows):
+        for c in range(n_cols):
+            assert tuple(int(x) for x in rc[r, c]) == (rows[r], cols[c])
+    warp, lane = divmod(t, 32)
+    assert rows == [32 * warp + lane // 4 + 8 * k for k in range(4)]
+    # P: word w of chunk (rb, cb) = scores 2w, 2w+1 of chunk (rb, cb)
+    _, _, p_c = bw.p_store(bw.tmem_view(base, 0, tile_n // 2), t)
+    assert cute.size(p_c, mode=[1]) == cute.size(s_c, mode=[1]) and cute.size(p_c, mode=[2]) == cute.size(s_c, mode=[2])
+    for rb in range(cute.size(s_c, mode=[1])):
+        for cb in range(cute.size(s_c, mode=[2])):
+            scores = _coords(s_c[None, rb, cb])
+            words = _coords(p_c[None, rb, cb])
+            assert len(scores) == 2 * len(words)
+            for w, (row, col2) in enumerate(words):
+                assert scores[2 * w] == (row, 2 * col2) and scores[2 * w + 1] == (row, 2 * col2 + 1)
+    # O (16-column chunks in the correction warps): same rows, same order
+    _, _, _, _, o_c = bw.o_copies(bw.tmem_view(base, 0, 16), t)
+    o_rc = bw.quad_rows_cols(o_c)
+    assert [int(o_rc[r, 0][0]) for r in range(cute.size(o_rc, mode=[0]))] == rows
+    # statistics scratch: lane t, 16 columns
+    _, _, st_part, st_shape = bw.stats_copies(bw.tmem_view(base, 0, 16), t)
+    assert cute.size(st_shape) == 16
+    return rows, cols
+
+
+def _check_tile(tile_n: int):
+    base = cute.make_tensor(
+        cute.make_ptr(Float32, 0, cute.AddressSpace.tmem),
+        cute.make_layout(((128, tile_n), 1, 1), stride=((LANE, 1), 0, 0)),
+    )
+    owners = {}
+    for t in range(128):
+        rows, cols = _check_thread(base, t, tile_n)
+        for r in rows:
+            owners.setdefault(r, []).append((t, cols))
+    assert sorted(owners) == list(range(128))
+    for r, held in owners.items():
+        lanes = [t for t, _ in held]
+        assert len(lanes) == 4 and lanes[0] % 4 == 0 and lanes == list(range(lanes[0], lanes[0] + 4)), r
+        assert sorted(c for _, cols in held for c in cols) == list(range(tile_n)), r
+    # a Q tile's view at a run-time index: tile 1 starts tile_n columns after tile 0
+    view = bw.tile_view(base, (0, tile_n), tile_n, 1)
+    assert view.layout == bw.tmem_view(base, tile_n, tile_n).layout
+
+
+@pytest.mark.parametrize("tile_n", [64, 128])
+def test_tmem_fragments(tile_n):
+    @cute.kernel
+    def kernel():
+        _check_tile(tile_n)
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(128, 1, 1))
+
+    with target_arch("sm_100a"):
+        cute.compile(host)
+
+
+def _check_scheduler():
+    num_m, heads, batch = 5, 3, 2
+    every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
+    for longest_first in (False, True):
+        seen = [tuple(int(x) for x in bw.tile_coords(t, num_m, heads, batch, longest_first=longest_first))
+                for t in range(num_m * heads * batch)]
+        assert sorted(seen) == every
+        if longest_first:  # every (head, batch)'s last query tile first
+            assert [m for m, _, _ in seen[: heads * batch]] == [num_m - 1] * (heads * batch)
+        else:  # a (head, batch)'s query tiles are consecutive
+            assert seen[:num_m] == [(m, 0, 0) for m in range(num_m)]
+
+
+def test_tile_scheduler_index_math():
+    """fa4gen.device.sm100.tile_coords visits every (m_block, head, batch) once, in the planned order."""
+
+    @cute.kernel
+    def kernel():
+        _check_scheduler()
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
+
+    with target_arch("sm_100a"):
+        cute.compile(host)
