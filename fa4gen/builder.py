@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,14 +166,9 @@ def build_module(spec: Any, *, out_dir: str | Path | None = None):
     digest = hashlib.sha256("".join(pkg.files.values()).encode()).hexdigest()[:12]
     package_name = f"fa4gen_pkg_{spec.name}_{digest}"
     write_package(RenderedPackage(name=package_name, files=pkg.files), Path(out_dir))
-    if package_name in sys.modules:
-        return sys.modules[package_name]
-    init = Path(out_dir) / package_name / "__init__.py"
-    mod_spec = importlib.util.spec_from_file_location(package_name, init, submodule_search_locations=[str(init.parent)])
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[package_name] = module
-    mod_spec.loader.exec_module(module)
-    return module
+    from fa4gen.compile.generated import import_from_path
+
+    return import_from_path(package_name, Path(out_dir) / package_name / "__init__.py", package=True)
 
 
 __all__ = [

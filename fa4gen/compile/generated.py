@@ -21,11 +21,13 @@ from fa4gen.compile.cache import DiskCache, cache_key, device_helper_sources
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
 
-def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
-    """Import a generated kernel module from its file (works for packages outside sys.path)."""
+def import_from_path(qualified_name: str, path: Path, *, package: bool = False) -> ModuleType:
+    """Import a generated module (or, with `package`, the package whose __init__.py is `path`) from
+    its file, for generated code outside sys.path; a module that fails to execute is not kept."""
     if qualified_name in sys.modules:
         return sys.modules[qualified_name]
-    spec = importlib.util.spec_from_file_location(qualified_name, path)
+    locations = [str(Path(path).parent)] if package else None
+    spec = importlib.util.spec_from_file_location(qualified_name, path, submodule_search_locations=locations)
     module = importlib.util.module_from_spec(spec)
     sys.modules[qualified_name] = module
     try:
@@ -34,6 +36,11 @@ def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
         del sys.modules[qualified_name]
         raise
     return module
+
+
+def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
+    """Import a generated kernel module from its file (works for packages outside sys.path)."""
+    return import_from_path(qualified_name, Path(path))
 
 
 _HELPER_IMPORT = re.compile(r"^\s*from fa4gen\.device(?:\.(\w+))? import ([\w, ]+)", re.MULTILINE)

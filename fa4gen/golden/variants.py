@@ -9,14 +9,13 @@ either; `--all` takes every package under <out>.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from fa4gen.compile.generated import import_from_path
 from fa4gen.spec import SPEC_SUFFIXES, Problem, SpecError, discover_specs, load_spec
 
 LOCK = "spec.lock.json"
@@ -48,18 +47,7 @@ class Variant:
     def load(self) -> ModuleType:
         """Import the package's API from its folder (its kernels compile on first call)."""
         if self._module is None:
-            name = self.import_name
-            if name not in sys.modules:
-                init = self.path / "__init__.py"
-                spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(self.path)])
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[name]
-                    raise
-            self._module = sys.modules[name]
+            self._module = import_from_path(self.import_name, self.path / "__init__.py", package=True)
         return self._module
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from fa4gen.plan import protocol
 from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
-from fa4gen.plan.polyfit import fit_exp2
+from fa4gen.plan.common import check_threshold, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
 SMEM_BUDGET = 227 * 1024
@@ -145,23 +145,6 @@ def _choose_tiles(spec: AttentionSpec, problems: list) -> tuple[int, int, int]:
     return q_tiles, tile_n, max(stages, 2)
 
 
-def _poly(spec: AttentionSpec, tile_n: int, problems: list):
-    share = spec.pipeline.poly_exp.share
-    fit = fit_exp2(spec.pipeline.poly_exp.degree)
-    cols = tile_n // 4  # columns of one row a softmax thread holds (a row is spread over 4 lanes)
-    every = 0 if share == 0.0 else max(1, round(1.0 / share))
-    if every > cols:
-        problems.append(problem(
-            "pipeline.poly_exp.share",
-            f"share {share} means every {every}th exp2 of a row, but a softmax thread holds only {cols} columns "
-            f"of a row (tile_n {tile_n} / 4), so no exp2 would be emulated; use a share of at least "
-            f"{1.0 / cols:.4g} or 0",
-        ))
-        every = 0
-    actual = 0.0 if every == 0 else (cols // every) / cols
-    return every, actual, fit
-
-
 def _two_cta(spec: AttentionSpec, problems: list) -> bool:
     if not spec.pipeline.two_cta:
         return False
@@ -197,7 +180,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         problems.append(problem("backward", "the sm100 backward kernels are not available yet"))
     two_cta = _two_cta(spec, problems)
     q_tiles, tile_n, stages = _choose_tiles(spec, problems)
-    every, share, fit = _poly(spec, tile_n, problems)
+    every, share, fit = poly_choice(spec, tile_n, problems)
+    check_threshold(spec, problems)
 
     regs = _regs(q_tiles, tile_n)
     softmax_regs = _softmax_regs(tile_n, spec)
@@ -228,8 +212,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if every:
         notes.append(f"poly_exp share {p.poly_exp.share} -> every {every}th exp2 of a thread's row columns "
                      f"(actual share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
-    mask = spec.mask
-    kind = mask.kind
+    kind = spec.mask.kind
     scheduler = "persistent" if kind == "none" else "lpt"
     notes.append("scheduler: persistent grid of one CTA per SM striding over tiles" if scheduler == "persistent"
                  else "scheduler: one CTA per tile, longest (most key blocks) first")
@@ -260,22 +243,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         ping_pong=q_tiles == 2,
         intra_wg_overlap=False,
         scheduler=scheduler,
-        mask_kind=kind,
-        causal=kind == "causal",
-        local=kind == "sliding_window",
-        chunked=kind == "chunked",
-        window_left=-1 if kind != "sliding_window" or mask.left is None else mask.left,
-        window_right=-1 if kind != "sliding_window" or mask.right is None else mask.right,
-        chunk_size=mask.chunk_size if kind == "chunked" else 0,
-        softcap=float(spec.softcap),
-        rescale_threshold=float(p.rescale_threshold),
-        poly_every=every,
-        poly_share=share,
-        poly_degree=fit.degree,
-        poly_coeffs=fit.coeffs,
-        poly_max_rel_error=fit.max_rel_error,
-        write_lse=spec.return_lse or spec.backward,
-        allow_gqa=spec.allow_gqa,
+        **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),
         q_tiles=q_tiles,

@@ -9,7 +9,7 @@ the consumer register budget under setmaxnreg.
 from __future__ import annotations
 
 from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
-from fa4gen.plan.polyfit import fit_exp2
+from fa4gen.plan.common import check_threshold, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
 SMEM_BUDGET = 227 * 1024
@@ -21,7 +21,6 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
 DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
-THRESHOLD_LIMIT = {"fp16": 14.0, "bf16": 64.0}
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
 
 
@@ -30,34 +29,6 @@ def _auto_tile_n(head_dim: int) -> int:
         if head_dim <= limit:
             return AUTO_TILE_N[limit]
     return 80
-
-
-def poly_columns(every: int, cols: int) -> int:
-    """How many of a thread's `cols` row elements take the polynomial with one-in-`every`."""
-    return 0 if every == 0 else sum(1 for c in range(cols) if c % every == every - 1)
-
-
-def _poly(spec: AttentionSpec, tile_n: int, problems: list):
-    """(every, effective share, fit): every k-th element of a thread's row fragment (tile_n/4 of
-    them) is evaluated by the polynomial; the share reported is what the kernel really does."""
-    share = spec.pipeline.poly_exp.share
-    fit = fit_exp2(spec.pipeline.poly_exp.degree)
-    cols = tile_n // 4
-    every = 0 if share == 0.0 else max(1, round(1.0 / share))
-    if every and fit.max_rel_error > 2.0**-12:
-        problems.append(problem(
-            "pipeline.poly_exp.degree",
-            f"degree {fit.degree} fits exp2 only to {fit.max_rel_error:.1e} relative error, which shows in bf16/fp16 "
-            "results (the emulator puts degree 1 at 4-17x the error budget); use degree >= 3",
-        ))
-    if every > cols:
-        problems.append(problem(
-            "pipeline.poly_exp.share",
-            f"a share of {share} is below one element per thread row ({cols} elements with tile_n {tile_n}); "
-            f"use 0 or at least {1 / cols:.3g}",
-        ))
-        every = 0
-    return every, poly_columns(every, cols) / cols, fit
 
 
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
@@ -88,14 +59,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
             "head_dim", f"WGMMA consumes K in steps of 16, so sm90 needs head dims that are multiples of 16 "
             f"(got {spec.head_dim}/{spec.head_dim_v})",
         ))
-    # A row keeps a stale max until it grows by more than the threshold, so P (rounded to the input
-    # dtype before P·V) can reach 2**threshold: fp16 overflows past 2**15, and exp2 in fp32 past 2**127.
-    limit = THRESHOLD_LIMIT[spec.dtype]
-    if p.rescale_threshold > limit:
-        problems.append(problem(
-            "pipeline.rescale_threshold",
-            f"with {spec.dtype}, P can reach 2**rescale_threshold, so it must be <= {limit} (got {p.rescale_threshold})",
-        ))
+    check_threshold(spec, problems)
     if spec.varlen:
         problems.append(problem("varlen", "varlen is not available in the sm90 family yet (planned in issue #3)"))
     if spec.backward:
@@ -126,12 +90,11 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
             f"P ({tile_n // 4}) + {REGS_OVERHEAD} = {regs} registers per thread > {regs_consumer} (the budget of "
             f"{num_wg} consumer warpgroups, set by tile_m {tile_m}); lower pipeline.tile_n or pipeline.tile_m",
         ))
-    every, share, fit = _poly(spec, tile_n, problems)
+    every, share, fit = poly_choice(spec, tile_n, problems)
     if problems:
         raise PlanError(f"{spec.name} [sm90]", problems)
 
-    mask = spec.mask
-    kind = mask.kind
+    kind = spec.mask.kind
     ping_pong = True if p.ping_pong == "auto" else p.ping_pong
     overlap = True if p.intra_wg_overlap == "auto" else p.intra_wg_overlap
     notes = []
@@ -165,22 +128,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         ping_pong=ping_pong,
         intra_wg_overlap=overlap,
         scheduler="grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
-        mask_kind=kind,
-        causal=kind == "causal",
-        local=kind == "sliding_window",
-        chunked=kind == "chunked",
-        window_left=-1 if kind != "sliding_window" or mask.left is None else mask.left,
-        window_right=-1 if kind != "sliding_window" or mask.right is None else mask.right,
-        chunk_size=mask.chunk_size if kind == "chunked" else 0,
-        softcap=float(spec.softcap),
-        rescale_threshold=float(p.rescale_threshold),
-        poly_every=every,
-        poly_share=share,
-        poly_degree=fit.degree,
-        poly_coeffs=fit.coeffs,
-        poly_max_rel_error=fit.max_rel_error,
-        write_lse=spec.return_lse or spec.backward,
-        allow_gqa=spec.allow_gqa,
+        **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),
     )
