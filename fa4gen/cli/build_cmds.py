@@ -24,13 +24,19 @@ ARCH_CHOICE = click.Choice(sorted(ARCHS))
 OPCODES = ("hgmma", "utchmma", "ldtm", "sttm", "utmaldg", "utmastg", "mufu_ex2", "ffma", "ffma2", "bar", "ldl", "stl")
 
 
+def _mma(arch: str, sass: dict) -> str:
+    """The tensor-core MMA count in the arch's own SASS spelling (HGMMA on sm90, UTCHMMA on sm100)."""
+    key, label = ("utchmma", "UTCHMMA") if arch == "sm100" else ("hgmma", "HGMMA")
+    return f"{sass[key]} {label}" if key in sass else "-"
+
+
 def _kernel_row(name: str, r: KernelReport, smem: str) -> tuple[str, ...]:
     sass = r.meta.get("sass") or {}
     spills = r.meta.get("spill_stores")
     return (
         name, r.arch, r.module, r.status, f"{r.seconds:.1f}s" if r.seconds else "-",
         str(r.meta.get("registers", "-")), smem, "-" if spills is None else str(spills + (r.meta.get("spill_loads") or 0)),
-        str(sass.get("hgmma", "-")), str(sass.get("mufu_ex2", "-")),
+        _mma(r.arch, sass), str(sass.get("mufu_ex2", "-")),
     )
 
 
@@ -64,7 +70,7 @@ def plan(spec: str, arch: str | None, as_json: bool) -> None:
 def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[str, ...], out: Path, sass: bool) -> None:
     """Generate generated/<name>/ for each spec (default: every spec in specs/)."""
     loaded, problems = _load_all(list(specs) or ["specs"])
-    rows = [("spec", "arch", "kernel", "status", "compile", "regs", "smem", "spills", "HGMMA", "MUFU.EX2")]
+    rows = [("spec", "arch", "kernel", "status", "compile", "regs", "smem", "spills", "MMA", "MUFU.EX2")]
     stale: list[str] = []
     failed = False
     for path, spec in loaded:
