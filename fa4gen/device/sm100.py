@@ -177,16 +177,9 @@ def unpack_stats(regs: cute.Tensor, rows: softmax.RowState):
 
 @cute.jit
 def warp_needs_rescale(rows: softmax.RowState) -> cutlass.Boolean:
-    """The shared conditional-rescale decision (softmax.rescale_rows with vote=True), taken before any
-    O column is loaded from TMEM: the shared helper is applied to a probe of ones, which it changes only
-    when its warp vote says some row of the warp moved its max."""
-    probe = cute.make_rmem_tensor((ROWS_PER_THREAD, 1), Float32)
-    probe.fill(1.0)
-    softmax.rescale_rows(probe, rows, vote=True)
-    changed = probe[0, 0] != Float32(1.0)
-    for r in cutlass.range_constexpr(1, ROWS_PER_THREAD):
-        changed = changed | (probe[r, 0] != Float32(1.0))
-    return cute.arch.vote_any_sync(changed)
+    """The shared conditional-rescale decision (softmax.warp_needs_rescale), taken before any O column
+    is loaded from TMEM."""
+    return softmax.warp_needs_rescale(rows, ROWS_PER_THREAD)
 
 
 @cute.jit

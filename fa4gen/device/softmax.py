@@ -123,13 +123,22 @@ def rescale_rows(o: cute.Tensor, rows: RowState, *, vote: cutlass.Constexpr[bool
     unless one of its rows moved its max (conditional rescaling: the common case is none)."""
     row_scale = rows.row_scale
     if cutlass.const_expr(vote):
-        smallest = row_scale[0]  # factors are <= 1, and exactly 1 when a row kept its max
-        for r in cutlass.range_constexpr(1, cute.size(o, mode=[0])):
-            smallest = cute.arch.fmin(smallest, row_scale[r])
-        if cute.arch.vote_any_sync(smallest < Float32(1.0)):
+        if warp_needs_rescale(rows, cute.size(o, mode=[0])):
             _scale_rows(o, row_scale)
     else:
         _scale_rows(o, row_scale)
+
+
+@cute.jit
+def warp_needs_rescale(rows: RowState, n_rows: cutlass.Constexpr[int]) -> cutlass.Boolean:
+    """The conditional-rescale decision, uniform over the warp: did any of the warp's rows (this
+    thread's first `n_rows`) move its max in the last step? Callers that must fetch O first (TMEM on
+    sm100) take it before loading anything."""
+    row_scale = rows.row_scale
+    smallest = row_scale[0]  # factors are <= 1, and exactly 1 when a row kept its max
+    for r in cutlass.range_constexpr(1, n_rows):
+        smallest = cute.arch.fmin(smallest, row_scale[r])
+    return cute.arch.vote_any_sync(smallest < Float32(1.0))
 
 
 @cute.jit
