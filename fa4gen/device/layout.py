@@ -5,7 +5,6 @@ Softmax and masking want it as (rows, cols); the P·V GEMM wants the P accumulat
 A-operand fragment of the 16-bit MMA. Both are pure layout algebra on static layouts: no data moves.
 """
 
-import cutlass
 import cutlass.cute as cute
 
 
@@ -45,11 +44,4 @@ def operand_buffer(acc: cute.Tensor, dtype):
     return buf, cute.make_tensor(buf.iterator, c_as_a_layout(acc.layout))
 
 
-def convert_to_operand(acc: cute.Tensor, dtype) -> cute.Tensor:
-    """Round an fp32 accumulator to `dtype` and return it viewed as an A-operand fragment."""
-    op = cute.make_rmem_tensor(acc.layout, dtype)
-    op.store(acc.load().to(dtype))
-    return cute.make_tensor(op.iterator, c_as_a_layout(acc.layout))
-
-
-__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "convert_to_operand", "operand_buffer", "cutlass"]
+__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "operand_buffer"]
