@@ -248,3 +248,61 @@ def test_sm90_roles_use_the_pipelines_the_model_checks():
     for b in protocol.sm90_named_barriers(plan):
         if b.name.startswith("pingpong"):
             assert "PINGPONG_BARRIER" in text
+
+
+# --- two_cta: the CTA pair's cross-CTA arrivals ------------------------------------------------------
+
+TWO_CTA_PLANS = [
+    plan_kernels(_spec(hd, {"kind": "none"}, dict(p, two_cta=True)), "sm100")[0]
+    for hd, p in itertools.product([(128, None), (192, None)], [{}, {"ping_pong": False}, {"kv_stages": 2}])
+]
+
+
+@pytest.mark.parametrize("plan", [pytest.param(p, id=f"d{p.head_dim}-q{p.q_tiles}-s{p.kv_stages}") for p in TWO_CTA_PLANS])
+def test_sm100_two_cta_protocol_holds(plan):
+    """Both CTAs of the pair are modelled: the even CTA's MMAs read both CTAs' Q/K/V halves and write both
+    CTAs' S/O, its commits multicast to both CTAs' barriers, the odd CTA's TMA bytes land on the even CTA's
+    full barriers and its softmax/correction releases on the even CTA's empty barriers."""
+    assert plan.two_cta and plan.cluster_m == 2 and plan.mma_m == 256
+    runs = protocol.check_sm100(plan, runs=40, max_tiles=4, max_blocks=5, seed=4)
+    assert all(r.tc_ops > 0 and r.tma_copies > 0 for r in runs)
+    for r in runs:
+        # the odd CTA's TMA full barriers and its sp/o empty barriers are never used; its sp/o full barriers
+        # and q/kv empty barriers complete as often as the even CTA's
+        assert r.completions["kv@1.full[0]"] == r.completions["sp@1.empty[0]"] == 0
+        assert r.completions["sp@1.full[0]"] == r.completions["sp.full[0]"] > 0
+        assert r.completions["kv@1.empty[0]"] == r.completions["kv.empty[0]"] > 0
+
+
+@pytest.mark.parametrize("changes,message", [
+    # the even CTA's sp/o barriers must count the odd CTA's releases too
+    ({"sp": {"consumer_arrivals": 256}}, r"phase bit aliases|expecting \('(P|Os)'|more than"),
+    ({"o": {"consumer_arrivals": 128}}, r"phase bit aliases|expecting|more than|ends mid-phase"),
+])
+def test_sm100_two_cta_mutations_are_caught(changes, message):
+    plan = _with(TWO_CTA_PLANS[0], **changes)
+    with pytest.raises(ProtocolError, match=message):
+        protocol.check_sm100(plan, runs=30, seed=5)
+
+
+def test_sm100_two_cta_barrier_setup_is_generated_from_the_plan():
+    plan, text = _sm100_source(_spec((128, None), {"kind": "none"}, {"two_cta": True}))
+    created = {m["name"]: m for m in _CREATE.finditer(text)}
+    assert set(created) == {p.name for p in plan.pipelines}
+    for p in plan.pipelines:
+        m = created[p.name]
+        assert (m["cls"], int(m["stages"]), int(m["prod"]), int(m["cons"])) == (
+            p.cls, p.stages, p.producer_arrivals, p.consumer_arrivals)
+        assert int(m["tx"] or 0) == p.tx_bytes
+        # every pipeline with a tcgen05 side gets the pair's cluster layout (multicast commits, remote releases)
+        body = text[m.start():text.index(")\n", text.index("defer_sync", m.start()))]
+        assert ("cta_layout_vmnk=cta_layout_vmnk" in body) == p.cluster_aware
+    # the pair's TMA bytes: both CTAs' halves land on the even CTA's full barrier
+    assert {p.name: p.tx_bytes for p in plan.pipelines if p.has_tx} == {"q": 2 * plan.q_bytes, "kv": 2 * plan.k_bytes}
+    assert plan.k_bytes == plan.tile_n // 2 * plan.head_dim * 2 and plan.v_bytes == plan.tile_n * plan.head_dim_v
+    sections = _sections(text, {"load": "# Load role", "mma": "# MMA role", "softmax": "# Softmax role",
+                                "correction": "# Correction role"})
+    # the even CTA's roles; one multicast commit / release in the text is an arrival per CTA in the model
+    model = _model_calls({k: v for k, v in protocol.sm100_programs(plan, [2, 3]).items() if protocol.PEER not in k})
+    for role in ("load", "mma", "softmax", "correction"):
+        assert _text_calls(sections[role]) == {(pipe.replace(protocol.PEER, ""), m) for pipe, m in model[role]}, role

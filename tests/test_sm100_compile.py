@@ -44,7 +44,12 @@ VARIANTS = {
     "d192_128": {"head_dim": 192, "head_dim_v": 128, "mask": {"kind": "causal"}},
     "d192": {"head_dim": 192, "return_lse": True},
     "d256": {"head_dim": 256, "mask": {"kind": "causal"}},
+    # two_cta: a CTA pair (cluster (2, 1, 1)) sharing 256-row cta_group::2 MMAs; non-causal, head_dim 128/192
+    "d128_two_cta": {"head_dim": 128, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},
+    "d192_two_cta": {"head_dim": 192, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},  # tile_n 64
+    "d192_128_two_cta_lse": {"head_dim": 192, "head_dim_v": 128, "return_lse": True, "pipeline": {"two_cta": True}},
 }
+TWO_CTA = [name for name, d in VARIANTS.items() if d.get("pipeline", {}).get("two_cta")]
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +108,37 @@ def test_generated_text_has_no_dead_features(compiled, name):
     assert ("mLSE" in text) == plan.write_lse
     assert ("PERSISTENT_CTAS" in text) == (plan.scheduler == "persistent")
     assert text.count("softmax.online_softmax_step(") == 2  # the peeled first key block and the loop
+
+
+def _two_cta_opcodes(sass) -> dict:
+    return {op: n for op, n in sass["full_opcodes"].items() if ".2CTA" in op}
+
+
+@pytest.mark.parametrize("name", TWO_CTA)
+def test_two_cta_sass_has_the_pair_forms(compiled, name):
+    """nvdisasm spells the cta_group::2 forms with a `.2CTA` modifier: every tcgen05 MMA is UTCHMMA.2CTA,
+    every TMA load UTMALDG.*.2CTA (its bytes signal the even CTA's barrier), every tcgen05.commit
+    UTCBAR.2CTA.MULTICAST (one arrival on each CTA's barrier), TMEM is allocated for the pair
+    (UTCATOMSWS.2CTA); the cluster barrier (UCGABAR) orders barrier setup and exit across the pair, and
+    remote mbarrier arrivals (the odd CTA's releases) appear as SYNCS.ARRIVE.*.RED."""
+    plan, r, text = compiled[name]
+    assert plan.two_cta and r.status == "compiled", r.detail
+    s = r.meta["sass"]
+    ops = s["full_opcodes"]
+    assert ops.get("UTCHMMA.2CTA", 0) == s["utchmma"] == _mma_count(plan)
+    assert sum(n for op, n in ops.items() if op.startswith("UTMALDG") and ".2CTA" in op) == s["utmaldg"] > 0
+    assert sum(n for op, n in ops.items() if op.startswith("UTCBAR") and ".2CTA" in op and "MULTICAST" in op) > 0
+    assert any(op.startswith("UTCATOMSWS.2CTA") for op in ops)
+    assert ops.get("UCGABAR_ARV", 0) >= 2 and ops.get("UCGABAR_WAIT", 0) >= 2
+    assert any(op.startswith("SYNCS.ARRIVE") and ".RED" in op for op in ops)
+    assert s["ldl"] == 0 and s["stl"] == 0 and plan.smem_bytes <= SMEM_LIMIT
+    assert "CtaGroup.TWO" in text and "cluster=CLUSTER" in text
+
+
+def test_one_cta_variants_have_no_pair_forms(compiled):
+    for plan, r, _ in compiled.values():
+        if not plan.two_cta:
+            assert _two_cta_opcodes(r.meta["sass"]) == {}, plan.name
 
 
 def _emulated(sass) -> int:

@@ -157,11 +157,27 @@ def test_two_cta_refused_where_not_allowed(mask, hd):
 
 
 @pytest.mark.parametrize("hd", [(128, None), (192, 128), (192, None)])
-def test_two_cta_where_allowed_names_the_field(hd):
-    """Allowed by the rules (non-causal, head_dim 128/192) but not built yet: a clear error, not a crash."""
-    err = _error(_spec(0, hd, {"kind": "none"}, {"two_cta": True}))
-    assert [p.location for p in err.problems] == ["pipeline.two_cta"]
-    assert "not available" in err.problems[0].message
+def test_two_cta_plan_where_allowed(hd):
+    """Non-causal, head_dim 128/192: a CTA pair (cluster of 2 along M) sharing 256-row cta_group::2 MMAs.
+    Each CTA holds its 128 rows of Q/S/P/O (the TMEM map is the one-CTA map), and half of each K block
+    (tile_n / 2 keys) and V block (head_dim_v / 2 columns); the even CTA's full barriers expect both halves."""
+    one = _plan(_spec(0, hd, {"kind": "none"}, {}))
+    plan = _plan(_spec(0, hd, {"kind": "none"}, {"two_cta": True}))
+    assert plan.two_cta and plan.cluster_m == 2 and plan.mma_m == 256
+    assert plan.tile_m == 2 * 128 * plan.q_tiles  # rows of a work tile: the pair's
+    d, dv = plan.head_dim, plan.head_dim_v
+    assert plan.q_bytes == 128 * d * 2
+    assert plan.k_bytes == plan.tile_n // 2 * d * 2 and plan.v_bytes == plan.tile_n * dv // 2 * 2
+    pipes = {p.name: p for p in plan.pipelines}
+    assert pipes["q"].tx_bytes == 2 * plan.q_bytes and pipes["kv"].tx_bytes == 2 * plan.k_bytes
+    assert pipes["sp"].consumer_arrivals == 512 and pipes["o"].consumer_arrivals == 256
+    assert plan.tmem_cols <= 512 and plan.q_tiles * (plan.tile_n + dv) <= 512
+    assert plan.smem_bytes <= 227 * 1024
+    # half a K/V stage per CTA: at least the stages of the one-CTA plan with the same tiles
+    if (plan.q_tiles, plan.tile_n) == (one.q_tiles, one.tile_n):
+        assert plan.kv_stages >= one.kv_stages and plan.smem_bytes < one.smem_bytes
+    assert any(n.startswith("two_cta:") for n in plan.notes)
+    assert not one.two_cta and one.cluster_m == 1 and one.mma_m == 128
 
 
 def test_ping_pong_over_the_tmem_budget_names_tmem():

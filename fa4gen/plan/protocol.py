@@ -18,6 +18,7 @@ and a read that sees data other than what the program meant to read (tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -108,6 +109,7 @@ class Op:
     writes: tuple[tuple[str, object], ...] = ()
     bytes: int = 0
     note: str = ""
+    target: str = ""  # a TMA copy whose bytes land on another pipeline's full barrier (the peer CTA's)
 
 
 def acquire(pipe, stage, phase, count=1, tx=0):
@@ -126,8 +128,10 @@ def release(pipe, stage, count=1):
     return Op("release", pipe, stage, count=count)
 
 
-def tma_load(pipe, stage, resource, token, nbytes):
-    return Op("tma", pipe, stage, writes=((resource, token),), bytes=nbytes)
+def tma_load(pipe, stage, resource, token, nbytes, target=""):
+    """A TMA copy into `resource` (stage `stage` of `pipe`); its bytes land on the full barrier of `target`
+    (default: `pipe`). With two_cta, the odd CTA's copies land on the even CTA's barrier."""
+    return Op("tma", pipe, stage, writes=((resource, token),), bytes=nbytes, target=target)
 
 
 def read(*pairs, note=""):
@@ -405,9 +409,11 @@ class ProtocolModel:
                     op = tma_flight.pop(rng.randrange(len(tma_flight)))
                     stats["tma"] += 1
                     do_writes("TMA", op)
-                    bar = bars[(op.pipe, "full", op.stage)]
+                    bar = bars[(op.target or op.pipe, "full", op.stage)]
                     bar.tx -= op.bytes
-                    if bar.tx < 0:
+                    # a peer CTA's bytes may land before the barrier's own producer announced the phase's
+                    # bytes (the hardware's tx-count goes negative within the phase); never after it arrived
+                    if bar.tx < 0 and (not op.target or bar.pending != bar.expected):
                         fail(f"{bar.name}: more TMA bytes landed than expected")
                     bar._maybe_complete()
                     progressed = True
@@ -484,29 +490,68 @@ def sm100_named_barriers(*, q_tiles: int):
     )
 
 
+PEER = "@1"  # suffix of the odd CTA's barriers, buffers and roles in a two_cta model
+PEER_BARRIER_OFFSET = 16  # named barriers are per CTA: the odd CTA's get distinct ids in the model
+
+
+def sm100_model_pipelines(plan) -> tuple[PipelineSpec, ...]:
+    """The barriers the model runs: the plan's pipelines, and with two_cta a copy per pipeline for the odd CTA
+    (`name@1`). Each CTA initializes every pipeline's barriers with the same counts; which of them are used
+    follows cutlass's 2-CTA classes: the TMA full barriers and the UMMA-side empty barriers of the even CTA
+    (the odd CTA's TMA bytes and its softmax/correction releases go there), the odd CTA's own empty barriers
+    of q/kv and full barriers of sp/o (tcgen05.commit multicasts to both)."""
+    if not plan.two_cta:
+        return plan.pipelines
+    return plan.pipelines + tuple(dataclasses.replace(p, name=p.name + PEER) for p in plan.pipelines)
+
+
+def sm100_model_named_barriers(plan) -> tuple[NamedBarrierSpec, ...]:
+    if not plan.two_cta:
+        return plan.named_barriers
+    return plan.named_barriers + tuple(
+        dataclasses.replace(b, name=b.name + PEER, barrier_id=b.barrier_id + PEER_BARRIER_OFFSET)
+        for b in plan.named_barriers
+    )
+
+
 def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
     """What each SM100 role does, op by op, over the CTA's work `tiles` (key blocks per tile).
 
-    Mirrors templates/sm100 (load, mma, softmax, correction partials) step for step.
+    Mirrors templates/sm100 (load, mma, softmax, correction partials) step for step. With two_cta, both
+    CTAs of the pair are modelled (the odd CTA's roles, barriers and buffers carry the suffix `@1`): the
+    even CTA's MMA warp issues every MMA (reading both CTAs' Q and K/V halves, writing both CTAs' S and O)
+    and its commits arrive on both CTAs' barriers; the odd CTA's TMA bytes land on the even CTA's full
+    barriers and its softmax/correction releases arrive on the even CTA's empty barriers.
     """
     P = {p.name: p for p in plan.pipelines}
     T = plan.q_tiles
     tmem_threads = 32 * (1 + 4 * T + 4)
+    pair = 2 if plan.two_cta else 1
+    ctas = ["", PEER][:pair]
 
-    def load():
+    def load(c=""):
         q, kv = PhaseTracker(P["q"], "producer"), PhaseTracker(P["kv"], "producer")
+        leader = c == ""
 
         def kv_load(what, t, j, nbytes):
             s, ph = kv.next()
-            yield acquire("kv", s, ph, tx=nbytes)
-            yield tma_load("kv", s, f"sKV[{s}]", (what, t, j), nbytes)
+            if leader:
+                yield acquire("kv", s, ph, tx=nbytes * pair)
+                yield tma_load("kv", s, f"sKV[{s}]", (what, t, j), nbytes)
+            else:
+                yield acquire("kv" + c, s, ph, count=0)
+                yield tma_load("kv" + c, s, f"sKV{c}[{s}]", (what, t, j), nbytes, target="kv")
 
         for t, n in enumerate(tiles):
             yield from kv_load("K", t, 0, plan.k_bytes)
             for i in range(T):
                 s, ph = q.next()
-                yield acquire("q", s, ph, tx=plan.q_bytes)
-                yield tma_load("q", s, f"sQ[{s}]", ("Q", t, i), plan.q_bytes)
+                if leader:
+                    yield acquire("q", s, ph, tx=plan.q_bytes * pair)
+                    yield tma_load("q", s, f"sQ[{s}]", ("Q", t, i), plan.q_bytes)
+                else:
+                    yield acquire("q" + c, s, ph, count=0)
+                    yield tma_load("q" + c, s, f"sQ{c}[{s}]", ("Q", t, i), plan.q_bytes, target="q")
             yield from kv_load("V", t, 0, plan.v_bytes)
             for j in range(1, n):
                 yield from kv_load("K", t, j, plan.k_bytes)
@@ -514,13 +559,29 @@ def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
         for tracker, name in ((kv, "kv"), (q, "q")):
             for _ in range(P[name].stages):
                 s, ph = tracker.next()
-                yield acquire(name, s, ph, count=0)
+                yield acquire(name + c, s, ph, count=0)
+
+    def both(res):
+        """A resource in each CTA of the pair (the 2-CTA MMA's operands and accumulators)."""
+        return [(f"{r}", tok) for r, tok in res] + [(f"{_peer(r)}", tok) for r, tok in res if pair == 2]
+
+    def _peer(r):
+        return r.replace("[", PEER + "[") if "[" in r else r + PEER
+
+    def commit_all(pipe, i):
+        """tcgen05.commit: with two_cta it multicasts one arrival to the barrier of each CTA."""
+        for c in ctas:
+            yield commit(pipe + c, i)
+
+    def release_all(pipe, s):
+        for c in ctas:
+            yield release(pipe + c, s)
 
     def mma_role():
         q, kv = PhaseTracker(P["q"], "consumer"), PhaseTracker(P["kv"], "consumer")
         sp = [PhaseTracker(P["sp"], "producer", i) for i in range(T)]
         o = [PhaseTracker(P["o"], "producer", i) for i in range(T)]
-        clobber = lambda i: ((f"P{i}", None), (f"St{i}", None))  # noqa: E731 - S_i's columns hold P_i, stats_i
+        clobber = lambda i: tuple(both(((f"P{i}", None), (f"St{i}", None))))  # noqa: E731 - S_i's columns hold P_i, stats_i
         yield bar_sync(TMEM_BARRIER, tmem_threads, 32)
         for t, n in enumerate(tiles):
             for i in range(T):
@@ -534,83 +595,96 @@ def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
             ks, ph = kv.next()
             yield wait("kv", ks, ph)
             for i in range(T):
-                yield mma([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, 0))],
-                          [(f"S{i}", ("S", t, 0)), *clobber(i)], f"S{i} = Q{i}·K0", pipe="sp", stage=i)
-                yield commit("sp", i)
-            yield release("kv", ks)
+                yield mma(both([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, 0))]),
+                          [*both([(f"S{i}", ("S", t, 0))]), *clobber(i)], f"S{i} = Q{i}·K0", pipe="sp", stage=i)
+                yield from commit_all("sp", i)
+            yield from release_all("kv", ks)
             for j in range(1, n + 1):
                 vs, ph = kv.next()
                 yield wait("kv", vs, ph)
                 for i in range(T):
                     s, ph = sp[i].next()
                     yield acquire("sp", s, ph)
-                    o_in = [(f"O{i}", ("Os", t, j - 2))] if j >= 2 else []
+                    o_in = both([(f"O{i}", ("Os", t, j - 2))]) if j >= 2 else []
                     first = dict(pipe="o", stage=i) if j == 1 else {}
-                    yield mma([(f"P{i}", ("P", t, j - 1)), (f"sKV[{vs}]", ("V", t, j - 1)), *o_in],
-                              [(f"O{i}", ("O", t, j - 1))], f"O{i} += P{i}·V{j - 1}", **first)
+                    yield mma([*both([(f"P{i}", ("P", t, j - 1)), (f"sKV[{vs}]", ("V", t, j - 1))]), *o_in],
+                              both([(f"O{i}", ("O", t, j - 1))]), f"O{i} += P{i}·V{j - 1}", **first)
                     if j == n:
-                        yield commit("o", i)
+                        yield from commit_all("o", i)
                         continue
                     if i == 0:
                         ks, ph = kv.next()
                         yield wait("kv", ks, ph)
-                    yield mma([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, j))],
-                              [(f"S{i}", ("S", t, j)), *clobber(i)], f"S{i} = Q{i}·K{j}", pipe="sp", stage=i)
-                    yield commit("sp", i)
-                yield release("kv", vs)
+                    yield mma(both([(f"sQ[{qs[i]}]", ("Q", t, i)), (f"sKV[{ks}]", ("K", t, j))]),
+                              [*both([(f"S{i}", ("S", t, j))]), *clobber(i)], f"S{i} = Q{i}·K{j}", pipe="sp", stage=i)
+                    yield from commit_all("sp", i)
+                yield from release_all("kv", vs)
                 if j < n:
-                    yield release("kv", ks)
+                    yield from release_all("kv", ks)
             for i in range(T):
-                yield release("q", qs[i])
+                yield from release_all("q", qs[i])
         yield bar_sync(TMEM_BARRIER, tmem_threads, 32)
 
-    def softmax(i):
+    def idle_mma(c):
+        """The odd CTA's MMA warp: allocates TMEM with the pair, issues nothing, frees it at the end."""
+        yield bar_sync(TMEM_BARRIER + (PEER_BARRIER_OFFSET if c else 0), tmem_threads, 32)
+        yield bar_sync(TMEM_BARRIER + (PEER_BARRIER_OFFSET if c else 0), tmem_threads, 32)
+
+    def softmax(i, c=""):
+        # c: this CTA's suffix. Waits on its own full barriers; releases go to the even CTA's sp barrier.
+        tb = TMEM_BARRIER + (PEER_BARRIER_OFFSET if c else 0)
         sp, st = PhaseTracker(P["sp"], "consumer", i), PhaseTracker(P["stats"], "producer", i)
-        yield bar_sync(TMEM_BARRIER, tmem_threads, 128)
+        yield bar_sync(tb, tmem_threads, 128)
         for t, n in enumerate(tiles):
             for j in range(n):
                 s, ph = sp.next()
-                yield wait("sp", s, ph)
-                yield read((f"S{i}", ("S", t, j)), note="S from TMEM")
+                yield wait("sp" + c, s, ph)
+                yield read((f"S{i}{c}", ("S", t, j)), note="S from TMEM")
                 s, ph = st.next()
-                yield acquire("stats", s, ph)
-                yield write((f"St{i}", ("St", t, j)), pipe="stats", stage=i)
-                yield commit("stats", i, 128)
-                yield write((f"P{i}", ("P", t, j)))
+                yield acquire("stats" + c, s, ph)
+                yield write((f"St{i}{c}", ("St", t, j)), pipe="stats" + c, stage=i)
+                yield commit("stats" + c, i, 128)
+                yield write((f"P{i}{c}", ("P", t, j)))
                 yield release("sp", i, 128)
-        yield bar_arrive(TMEM_BARRIER, tmem_threads, 128)
+        yield bar_arrive(tb, tmem_threads, 128)
 
-    def correction():
+    def correction(c=""):
+        tb = TMEM_BARRIER + (PEER_BARRIER_OFFSET if c else 0)
+        eb = EPILOGUE_BARRIER + (PEER_BARRIER_OFFSET if c else 0)
         st = [PhaseTracker(P["stats"], "consumer", i) for i in range(T)]
         o = [PhaseTracker(P["o"], "consumer", i) for i in range(T)]
-        yield bar_sync(TMEM_BARRIER, tmem_threads, 128)
+        yield bar_sync(tb, tmem_threads, 128)
         for t, n in enumerate(tiles):
             for j in range(n):
                 for i in range(T):
                     s, ph = st[i].next()
-                    yield wait("stats", s, ph)
-                    yield read((f"St{i}", ("St", t, j)))
-                    yield release("stats", i, 128)
+                    yield wait("stats" + c, s, ph)
+                    yield read((f"St{i}{c}", ("St", t, j)))
+                    yield release("stats" + c, i, 128)
                     if j >= 1:
-                        yield read((f"O{i}", ("O", t, j - 1)), note="rescale O")
-                        yield write((f"O{i}", ("Os", t, j - 1)))
+                        yield read((f"O{i}{c}", ("O", t, j - 1)), note="rescale O")
+                        yield write((f"O{i}{c}", ("Os", t, j - 1)))
                     yield release("sp", i, 128)
             yield store_wait()
-            yield bar_sync(EPILOGUE_BARRIER, 128, 128)
+            yield bar_sync(eb, 128, 128)
             for i in range(T):
                 s, ph = o[i].next()
-                yield wait("o", s, ph)
-                yield read((f"O{i}", ("O", t, n - 1)), note="epilogue")
-                yield write((f"sO{i}", ("Ofin", t, i)))
+                yield wait("o" + c, s, ph)
+                yield read((f"O{i}{c}", ("O", t, n - 1)), note="epilogue")
+                yield write((f"sO{i}{c}", ("Ofin", t, i)))
                 yield release("o", i, 128)
-                yield bar_sync(EPILOGUE_BARRIER, 128, 128)
-                yield tma_store(f"sO{i}", ("Ofin", t, i))
+                yield bar_sync(eb, 128, 128)
+                yield tma_store(f"sO{i}{c}", ("Ofin", t, i))
         yield store_wait()
-        yield bar_arrive(TMEM_BARRIER, tmem_threads, 128)
+        yield bar_arrive(tb, tmem_threads, 128)
 
     programs = {"load": load(), "mma": mma_role(), "correction": correction()}
     for i in range(T):
         programs[f"softmax{i}"] = softmax(i)
+    if pair == 2:
+        programs.update({"load" + PEER: load(PEER), "mma" + PEER: idle_mma(PEER), "correction" + PEER: correction(PEER)})
+        for i in range(T):
+            programs[f"softmax{i}{PEER}"] = softmax(i, PEER)
     return programs
 
 
@@ -730,7 +804,8 @@ def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, seed: int = 0) -> l
 
 
 def check_sm100(plan, *, runs: int = 40, max_tiles: int = 4, max_blocks: int = 5, seed: int = 0) -> list[ModelRun]:
-    return model_check(plan.pipelines, plan.named_barriers, lambda tiles: sm100_programs(plan, tiles),
+    return model_check(sm100_model_pipelines(plan), sm100_model_named_barriers(plan),
+                       lambda tiles: sm100_programs(plan, tiles),
                        runs=runs, max_tiles=max_tiles, max_blocks=max_blocks, seed=seed)
 
 
@@ -738,6 +813,8 @@ __all__ = [
     "NamedBarrierSpec",
     "check_sm100",
     "check_sm90",
+    "sm100_model_named_barriers",
+    "sm100_model_pipelines",
     "sm100_named_barriers",
     "sm100_pipelines",
     "sm90_named_barriers",

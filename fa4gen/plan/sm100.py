@@ -77,24 +77,28 @@ def _tmem_used(q_tiles: int, tile_n: int, dv: int) -> int:
     return q_tiles * (tile_n + dv)
 
 
-def _smem(q_tiles: int, tile_n: int, stages: int, d: int, dv: int) -> tuple[int, int]:
+def _smem(q_tiles: int, tile_n: int, stages: int, d: int, dv: int, pair: int = 1) -> tuple[int, int]:
     """(total bytes, barrier bytes) of the SharedStorage struct the template declares: mbarriers and the
-    TMEM address first (padded to 1024 bytes), then O staging, Q tiles and the K/V ring, 1024-aligned."""
+    TMEM address first (padded to 1024 bytes), then O staging, Q tiles and the K/V ring, 1024-aligned.
+
+    `pair` 2 (two_cta): each CTA of the pair holds half of every K block (tile_n / 2 keys) and half of
+    every V block (head_dim_v / 2 columns), as the B operand of a cta_group::2 MMA is split; one more
+    mbarrier (the pair's TMEM deallocation handshake)."""
     barrier_words = 2 * (q_tiles + stages + q_tiles + q_tiles + q_tiles)  # q, kv, sp, stats, o
-    barriers = 8 * barrier_words + 4
+    barriers = 8 * barrier_words + 4 + (8 if pair == 2 else 0)
     head = -(-barriers // 1024) * 1024
-    stage = tile_n * max(d, dv) * ELEM
+    stage = tile_n * max(d, dv) * ELEM // pair
     return head + q_tiles * MMA_M * (dv + d) * ELEM + stages * stage, barriers
 
 
-def _fit_stages(q_tiles: int, tile_n: int, d: int, dv: int) -> int:
+def _fit_stages(q_tiles: int, tile_n: int, d: int, dv: int, pair: int = 1) -> int:
     stages = 0
-    while stages < MAX_AUTO_STAGES and _smem(q_tiles, tile_n, stages + 1, d, dv)[0] <= SMEM_BUDGET:
+    while stages < MAX_AUTO_STAGES and _smem(q_tiles, tile_n, stages + 1, d, dv, pair)[0] <= SMEM_BUDGET:
         stages += 1
     return stages
 
 
-def _choose_tiles(spec: AttentionSpec, problems: list) -> tuple[int, int, int]:
+def _choose_tiles(spec: AttentionSpec, problems: list, pair: int = 1) -> tuple[int, int, int]:
     """(q_tiles, tile_n, kv_stages): two Q tiles (ping-pong) first, then the widest key tile that fits."""
     p = spec.pipeline
     d, dv = spec.head_dim, spec.head_dim_v
@@ -115,8 +119,8 @@ def _choose_tiles(spec: AttentionSpec, problems: list) -> tuple[int, int, int]:
     for q_tiles in q_choices:
         for tile_n in n_choices:
             tmem = _tmem_used(q_tiles, tile_n, dv)
-            stages = _fit_stages(q_tiles, tile_n, d, dv) if p.kv_stages == "auto" else p.kv_stages
-            smem, _ = _smem(q_tiles, tile_n, max(stages, 1), d, dv)
+            stages = _fit_stages(q_tiles, tile_n, d, dv, pair) if p.kv_stages == "auto" else p.kv_stages
+            smem, _ = _smem(q_tiles, tile_n, max(stages, 1), d, dv, pair)
             tried.append((q_tiles, tile_n, stages, tmem, smem))
             fits_regs = _softmax_regs(tile_n, spec) <= _regs(q_tiles, tile_n)["softmax"] or p.tile_n != "auto"
             if tmem <= TMEM_COLUMNS and smem <= SMEM_BUDGET and stages >= 2 and fits_regs:
@@ -157,9 +161,7 @@ def _two_cta(spec: AttentionSpec, problems: list) -> bool:
         problems.append(problem("pipeline.two_cta", "2-CTA MMA is only planned for non-causal attention with "
                                 f"head_dim 128 or 192: {'; '.join(why)}"))
         return False
-    problems.append(problem("pipeline.two_cta", "2-CTA MMA (cta_group::2) is not available in the sm100 family "
-                            "yet (see docs/SM100.md: what remains); use two_cta: false"))
-    return False
+    return True
 
 
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
@@ -179,7 +181,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if spec.backward:
         problems.append(problem("backward", "the sm100 backward kernels are not available yet"))
     two_cta = _two_cta(spec, problems)
-    q_tiles, tile_n, stages = _choose_tiles(spec, problems)
+    pair = 2 if two_cta else 1
+    q_tiles, tile_n, stages = _choose_tiles(spec, problems, pair)
     every, share, fit = poly_choice(spec, tile_n, problems)
     check_threshold(spec, problems)
 
@@ -188,7 +191,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     reg_file = 128 * (regs["softmax"] * q_tiles + regs["correction"] + regs["other"] * (3 - q_tiles))
     tmem_used = _tmem_used(q_tiles, tile_n, dv)
     tmem_cols = max(32, 1 << (tmem_used - 1).bit_length())
-    smem, _ = _smem(q_tiles, tile_n, stages, d, dv)
+    smem, _ = _smem(q_tiles, tile_n, stages, d, dv, pair)
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
         Budget("TMEM columns (S + O per Q tile)", tmem_used, TMEM_COLUMNS, "columns"),
@@ -217,7 +220,14 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     notes.append("scheduler: persistent grid of one CTA per SM striding over tiles" if scheduler == "persistent"
                  else "scheduler: one CTA per tile, longest (most key blocks) first")
     cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
-    q_bytes, k_bytes, v_bytes = MMA_M * d * ELEM, tile_n * d * ELEM, tile_n * dv * ELEM
+    if two_cta:
+        notes.append(f"two_cta: a cluster of 2 CTAs along M shares {2 * MMA_M}-row cta_group::2 MMAs; each CTA keeps "
+                     f"its {MMA_M} rows of Q, S, P and O, and {tile_n // 2} keys of each K block and "
+                     f"{dv // 2} columns of each V block ({stages} K/V stages of {tile_n * max(d, dv) * ELEM // 2} "
+                     "bytes per CTA); the even CTA issues the MMAs")
+    # per-CTA TMA bytes (what the shared-memory layouts hold); with two_cta the even CTA's full barrier
+    # expects the pair's bytes (pipelines: tx_bytes = 2 x these)
+    q_bytes, k_bytes, v_bytes = MMA_M * d * ELEM, tile_n * d * ELEM // pair, tile_n * dv * ELEM // pair
     warp_roles = WARP_ROLES if q_tiles == 2 else tuple(
         (r, w) if r != "softmax1" else ("idle", w) for r, w in WARP_ROLES
     )
@@ -233,7 +243,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         torch_dtype=torch_dtype,
         head_dim=d,
         head_dim_v=dv,
-        tile_m=MMA_M * q_tiles,
+        tile_m=MMA_M * q_tiles * pair,
         tile_n=tile_n,
         kv_stages=stages,
         num_mma_warpgroups=q_tiles,
