@@ -24,6 +24,7 @@ cute = pytest.importorskip("cutlass.cute")
 from cutlass import Float32  # noqa: E402
 
 from fa4gen.compile.aot import target_arch  # noqa: E402
+from fa4gen.device import schedule
 from fa4gen.device import sm100 as bw  # noqa: E402
 
 LANE = 1 << 16  # TMEM address: lane in the upper half-word
@@ -104,7 +105,7 @@ def _check_scheduler():
     num_m, heads, batch = 5, 3, 2
     every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
     for longest_first in (False, True):
-        seen = [tuple(int(x) for x in bw.tile_coords(t, num_m, heads, batch, longest_first=longest_first))
+        seen = [tuple(int(x) for x in schedule.tile_coords(t, num_m, heads, batch, longest_first_order=longest_first))
                 for t in range(num_m * heads * batch)]
         assert sorted(seen) == every
         if longest_first:  # every (head, batch)'s last query tile first
@@ -114,7 +115,7 @@ def _check_scheduler():
 
 
 def test_tile_scheduler_index_math():
-    """fa4gen.device.sm100.tile_coords visits every (m_block, head, batch) once, in the planned order."""
+    """fa4gen.device.schedule.tile_coords (shared with SM90's longest-first order) visits every (m_block, head, batch) once, in the planned order."""
 
     @cute.kernel
     def kernel():

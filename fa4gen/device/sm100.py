@@ -301,23 +301,6 @@ def stage(stages: int, index, phase: Int32) -> pipeline.PipelineState:
 
 
 @cute.jit
-def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, *,
-                longest_first: cutlass.Constexpr[bool]):
-    """(m_block, head, batch) of linear work-tile index `tile`.
-
-    Longest-first (masked specs, one CTA per tile): every head's last query tile (most key blocks under
-    a causal mask) first, heads fastest. Otherwise the query tiles of a (head, batch) are consecutive, so
-    CTAs that run at the same time share K/V in L2.
-    """
-    m_block = tile % num_m
-    hb = tile // num_m
-    if cutlass.const_expr(longest_first):
-        m_block = num_m - 1 - tile // (num_heads * num_batch)
-        hb = tile % (num_heads * num_batch)
-    return m_block, hb % num_heads, hb // num_heads
-
-
-@cute.jit
 def key_blocks(bounds, tile_n: cutlass.Constexpr[int]):
     """[n_min, n_max) key blocks of a CTA's rows (fa4gen.device.mask), never empty: a tile whose rows see
     no key runs one fully masked block (its rows end with O = 0, LSE = -inf), so every role takes the
@@ -352,7 +335,6 @@ __all__ = [
     "stats_copies",
     "store_lse",
     "store_p",
-    "tile_coords",
     "tile_view",
     "tma_split",
     "tmem_copy",

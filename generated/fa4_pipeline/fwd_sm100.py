@@ -35,6 +35,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from fa4gen.device import fake
 from fa4gen.device import mask
+from fa4gen.device import schedule
 from fa4gen.device import sm100 as bw
 from fa4gen.device import softmax
 
@@ -221,7 +222,7 @@ class FlashFwdSm100:
             sp_phase, st_phase = Int32(0), Int32(1)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = bw.tile_coords(tile, num_m, num_heads, num_batch, longest_first=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -314,7 +315,7 @@ class FlashFwdSm100:
             st_phase, o_phase = Int32(0), Int32(0)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = bw.tile_coords(tile, num_m, num_heads, num_batch, longest_first=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -397,7 +398,7 @@ class FlashFwdSm100:
             sp_phase, o_phase = Int32(0), Int32(1)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = bw.tile_coords(tile, num_m, num_heads, num_batch, longest_first=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -466,7 +467,7 @@ class FlashFwdSm100:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = bw.tile_coords(tile, num_m, num_heads, num_batch, longest_first=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 

@@ -21,6 +21,7 @@ from cutlass.tensor_utils import LayoutEnum
 from fa4gen.device import fake
 from fa4gen.device import layout as frag
 from fa4gen.device import mask
+from fa4gen.device import schedule
 from fa4gen.device import sm90 as hopper
 from fa4gen.device import softmax
 
@@ -107,7 +108,7 @@ class FlashFwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        m_block = cute.arch.grid_dim()[0] - 1 - m_block  # longest (most key blocks) query tiles first
+        m_block = schedule.longest_first(m_block, cute.arch.grid_dim()[0])  # most key blocks first
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = NUM_MMA_WG * 4

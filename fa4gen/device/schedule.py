@@ -1,0 +1,31 @@
+"""Device helpers: tile-scheduler index math shared by the SM90 and SM100 kernels.
+
+Masked specs (causal, windows, chunks) give later query tiles more key blocks; launching the
+longest tiles first ("longest processing time first") shortens the tail of the grid.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+
+@cute.jit
+def longest_first(i: Int32, num_m: Int32) -> Int32:
+    """The query tile to run i-th when the last tiles are the longest: num_m - 1 - i."""
+    return num_m - 1 - i
+
+
+@cute.jit
+def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, *,
+                longest_first_order: cutlass.Constexpr[bool]):
+    """(m_block, head, batch) of linear work-tile index `tile`.
+
+    Longest-first (masked specs): every head's last query tile first, heads fastest. Otherwise the
+    query tiles of a (head, batch) are consecutive, so CTAs that run at the same time share K/V in L2.
+    """
+    m_block = tile % num_m
+    hb = tile // num_m
+    if cutlass.const_expr(longest_first_order):
+        m_block = longest_first(tile // (num_heads * num_batch), num_m)
+        hb = tile % (num_heads * num_batch)
+    return m_block, hb % num_heads, hb // num_heads
