@@ -107,7 +107,11 @@ def test_generated_text_has_no_dead_features(compiled, name):
     assert ("apply_softcap" in text) == plan.has_softcap
     assert ("mLSE" in text) == plan.write_lse
     assert ("PERSISTENT_CTAS" in text) == (plan.scheduler == "persistent")
-    assert text.count("softmax.online_softmax_step(") == 2  # the peeled first key block and the loop
+    # the peeled first key block, then the descending runs of mask.mask_phases: one mask-free run
+    # without a mask; masked + mask-free for causal; a third, left-edge run for windows and chunks
+    runs = {"none": 1, "causal": 2, "sliding_window": 3, "chunked": 3}[plan.mask_kind]
+    assert text.count("softmax.online_softmax_step(") == 1 + runs
+    assert "tile_needs_mask" not in text
 
 
 def _two_cta_opcodes(sass) -> dict:

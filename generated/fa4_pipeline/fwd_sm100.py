@@ -236,11 +236,10 @@ class FlashFwdSm100:
                 bw.fence_after_sync()
                 cute.copy(s_load, tSt, tSrS)
                 cute.arch.fence_view_async_tmem_load()
-                if mask.tile_needs_mask(tile_bounds, n_block, TILE_N):
-                    c_rc = bw.score_coords(s_load, thread, TILE_N)
-                    mask.apply_mask(
-                        s_rc, c_rc, row0, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q, Int32(-1), Int32(-1), Int32(1), **MASK,
-                    )
+                c_rc = bw.score_coords(s_load, thread, TILE_N)
+                mask.apply_mask(
+                    s_rc, c_rc, row0, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q, Int32(-1), Int32(-1), Int32(1), **MASK,
+                )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                     is_first=True,
@@ -260,18 +259,46 @@ class FlashFwdSm100:
                 pipe_sp.consumer_release(bw.stage(Q_TILES, q_tile, sp_phase))
                 sp_phase ^= 1
                 st_phase ^= 1
-                for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                # descending runs after the first block: masked near this tile's diagonal / right edge,
+                # mask-free in the middle, masked again at a window's left edge or a chunk start
+                n_hi, n_lo = mask.mask_phases(tile_bounds, n_min, n_max, TILE_N)
+                for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
                     n_block = n_max - 2 - i
                     # S_i of block n_block -> registers; mask; online softmax (shared helpers)
                     pipe_sp.consumer_wait(bw.stage(Q_TILES, q_tile, sp_phase))
                     bw.fence_after_sync()
                     cute.copy(s_load, tSt, tSrS)
                     cute.arch.fence_view_async_tmem_load()
-                    if mask.tile_needs_mask(tile_bounds, n_block, TILE_N):
-                        c_rc = bw.score_coords(s_load, thread, TILE_N)
-                        mask.apply_mask(
-                            s_rc, c_rc, row0, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q, Int32(-1), Int32(-1), Int32(1), **MASK,
-                        )
+                    c_rc = bw.score_coords(s_load, thread, TILE_N)
+                    mask.apply_mask(
+                        s_rc, c_rc, row0, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q, Int32(-1), Int32(-1), Int32(1), **MASK,
+                    )
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=False,
+                    )
+                    # row scale / max / sum -> correction warps (through this thread's TMEM scratch)
+                    pipe_stats.producer_acquire(bw.stage(Q_TILES, q_tile, st_phase))
+                    stats = cute.make_rmem_tensor(stats_shape, Float32)
+                    bw.pack_stats(rows, stats)
+                    cute.copy(st_store, stats, tStats)
+                    cute.arch.fence_view_async_tmem_store()
+                    bw.fence_before_sync()
+                    pipe_stats.producer_commit(bw.stage(Q_TILES, q_tile, st_phase))
+                    # P_i -> TMEM (over S_i's upper half), for the MMA warp's P_i·V
+                    bw.store_p(tSrS, DTYPE, p_store, tPtP, tPcP)
+                    cute.arch.fence_view_async_tmem_store()
+                    bw.fence_before_sync()
+                    pipe_sp.consumer_release(bw.stage(Q_TILES, q_tile, sp_phase))
+                    sp_phase ^= 1
+                    st_phase ^= 1
+                for i in cutlass.range(n_hi - n_lo, unroll=1):
+                    n_block = n_hi - 1 - i
+                    # S_i of block n_block -> registers; mask; online softmax (shared helpers)
+                    pipe_sp.consumer_wait(bw.stage(Q_TILES, q_tile, sp_phase))
+                    bw.fence_after_sync()
+                    cute.copy(s_load, tSt, tSrS)
+                    cute.arch.fence_view_async_tmem_load()
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                         is_first=False,
