@@ -37,6 +37,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     # Two consumer warpgroups by default. FA3/FA4 run three (tile_m 192) for head_dim <= 64, but with
     # it our d64 cells fell to 0.68-0.78x flash-attn-4 in the same run, against 0.79-1.00x with 128
     # (docs/perf/2026-11-29_fwd_tilem192.json vs 2026-11-29_foundation_fwd.json), so 192 is opt-in.
+    # That run predates the masked/unmasked key-block runs, which removed the exponentials ptxas
+    # recomputed under 160 registers (docs/PERF.md); 192 must be re-measured before it becomes default.
     tile_m = 128 if p.tile_m == "auto" else p.tile_m
     if tile_m not in (128, 192):
         problems.append(problem(
