@@ -7,6 +7,7 @@ to check that the second compile is a cache hit.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -152,3 +153,41 @@ def test_second_compile_is_a_cache_hit(compiled, recompiled, cache_root, name):
         assert b.meta["registers"] == a.meta["registers"]
     # the entries live under the tmp cache, one per kernel
     assert len([p for p in cache_root.iterdir() if p.is_dir()]) == sum(len(v[1]) for v in compiled.values())
+
+
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BACK_BRANCH = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
+
+
+def _block_loops(sass: str, hgmma_per_block: int) -> list[tuple[int, int]]:
+    """(instructions, MUFU.EX2) of every loop in the SASS whose body issues one key block's WGMMAs."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = _BACK_BRANCH.search(line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)]:i + 1]
+            if sum("HGMMA" in b for b in body) == hgmma_per_block:
+                loops.append((sum(bool(re.match(r"\s*/\*[0-9a-f]+\*/", b)) for b in body),
+                              sum("MUFU.EX2" in b for b in body)))
+    return loops
+
+
+def test_mask_free_block_loop_has_one_exp2_per_score(compiled, cache_root):
+    """The steady-state (mask-free) block loop evaluates each score's exp2 exactly once: a thread
+    holds 2 rows x tile_n/4 scores, minus the polynomial ones, plus one exp2 per row for the rescale
+    factor. A mask or rescale branch left in the loop made ptxas recompute most of them (docs/PERF.md)."""
+    from fa4gen.compile.cache import DiskCache
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    for name, (spec, plans, reports, _) in compiled.items():
+        for plan in plans:
+            sass = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
+            loops = _block_loops(sass, plan.head_dim // 16 + plan.tile_n // 16)
+            assert loops, f"{name}: no key-block loop found in the SASS"
+            cols = plan.tile_n // 4
+            poly = sum(1 for c in range(cols) if plan.poly_every and c % plan.poly_every == plan.poly_every - 1)
+            expected = 2 * (cols - poly) + 2
+            steady = min(loops)  # the mask-free run: the shortest block loop
+            assert steady[1] == expected, f"{name}: {steady[1]} MUFU.EX2 per block, expected {expected}"
