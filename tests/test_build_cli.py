@@ -7,14 +7,13 @@ checked against the stages it wraps. Every run happens in a tmp project (copy of
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import fa4gen_cli
 
 from fa4gen.builder import render_spec
 from fa4gen.compile.cache import DiskCache
@@ -29,13 +28,6 @@ OVER_BUDGET = (
     "name: too_big\ntargets: [sm90]\ndtype: bf16\nhead_dim: 256\n"
     "pipeline:\n  tile_n: 256\n  kv_stages: 4\n"
 )
-
-
-def fa4gen_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_QUIET": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "fa4gen", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture

@@ -42,14 +42,6 @@ def _compile_all(names):
 
 
 @pytest.fixture(scope="module")
-def cache_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fa4gen-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FA4GEN_CACHE_DIR", str(root))
-        yield root
-
-
-@pytest.fixture(scope="module")
 def compiled(cache_root):
     start = time.perf_counter()
     result = _compile_all(NAMES)

@@ -16,13 +16,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tokenize
 from pathlib import Path
 
 import jinja2
 import pytest
+from conftest import fa4gen_cli
 
 from fa4gen import __version__
 from fa4gen.builder import render_spec
@@ -33,13 +32,6 @@ from fa4gen.spec import load_spec, spec_digest, spec_from_dict
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILES = sorted((ROOT / "specs").glob("*.yaml"))
 GENERATED = ROOT / "generated"
-
-
-def fa4gen_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_QUIET": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "fa4gen", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
-    )
 
 
 @pytest.fixture

@@ -53,14 +53,6 @@ TWO_CTA = [name for name, d in VARIANTS.items() if d.get("pipeline", {}).get("tw
 
 
 @pytest.fixture(scope="module")
-def cache_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fa4gen-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FA4GEN_CACHE_DIR", str(root))
-        yield root
-
-
-@pytest.fixture(scope="module")
 def compiled(cache_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("generated")
     results = {}

@@ -1,0 +1,27 @@
+"""Shared test helpers: the CLI in a subprocess, and a per-module on-disk kernel cache."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fa4gen_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m fa4gen ARGS` in `cwd` with this checkout on the path and the compile log silenced."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_QUIET": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "fa4gen", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    """A fresh FA4GEN_CACHE_DIR for the whole test module."""
+    root = tmp_path_factory.mktemp("fa4gen-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FA4GEN_CACHE_DIR", str(root))
+        yield root
