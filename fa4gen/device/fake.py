@@ -5,7 +5,7 @@ are symbolic multiples of 8 elements (16 bytes, what TMA needs) with a unit last
 """
 
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass.cute import runtime
 
 
@@ -21,6 +21,11 @@ def bshd(dtype, b, s, h, d: int):
 def bhs_lse(b, h, s):
     """The fp32 (batch, heads, seqlen_q) log-sum-exp tensor, contiguous."""
     return runtime.make_fake_compact_tensor(Float32, (b, h, s), stride_order=(2, 1, 0), assumed_align=4)
+
+
+def semaphores(b, h, n):
+    """A zeroed int32 (batch, heads, blocks) counter array of the deterministic backward, contiguous."""
+    return runtime.make_fake_compact_tensor(Int32, (b, h, n), stride_order=(2, 1, 0), assumed_align=4)
 
 
 def stream():

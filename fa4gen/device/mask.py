@@ -137,3 +137,49 @@ def mask_phases(bounds, n_min: Int32, n_max: Int32, tile_n: cutlass.Constexpr[in
     # block b needs the left mask iff b * tile_n < lo_last, i.e. b < ceil(lo_last / tile_n)
     n_lo = cutlass.min(cutlass.max((lo_last + tile_n - 1) // tile_n, n_min), n_hi)
     return n_hi, n_lo
+
+
+@cute.jit
+def m_block_range(
+    n_block: Int32,
+    tile_n: cutlass.Constexpr[int],
+    tile_m: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    window_left: Int32,
+    window_right: Int32,
+    chunk: Int32,
+    *,
+    causal: cutlass.Constexpr[bool],
+    local: cutlass.Constexpr[bool],
+    chunked: cutlass.Constexpr[bool],
+):
+    """[m_min, m_max) query blocks with a row that sees any key of `n_block` (the backward's loop).
+
+    The dual of `n_block_range`: query block m is in this range exactly when `n_block` is in
+    n_block_range(tile_bounds(m)) (a row's visible keys form one interval that moves right with the
+    row, so both sides describe "some row of the tile sees some key of the block")."""
+    shift = seqlen_k - seqlen_q
+    first_col = n_block * tile_n
+    last_col = cutlass.min(first_col + tile_n, seqlen_k) - 1
+    # first row whose hi exceeds first_col: hi = pos + 1 (causal/chunked) or pos + right + 1 (window)
+    first_pos = shift  # row 0
+    if cutlass.const_expr(causal or chunked):
+        first_pos = first_col
+    if cutlass.const_expr(local):
+        if window_right >= 0:
+            first_pos = first_col - window_right
+    # last row whose lo is at most last_col: lo = pos - left (window) or the chunk start of pos
+    last_pos = seqlen_q - 1 + shift
+    if cutlass.const_expr(chunked):
+        last_pos = cutlass.min(last_pos, (last_col // chunk + 1) * chunk - 1)
+    if cutlass.const_expr(local):
+        if window_left >= 0:
+            last_pos = cutlass.min(last_pos, last_col + window_left)
+    first_row = cutlass.max(first_pos - shift, 0)
+    last_row = cutlass.min(last_pos - shift, seqlen_q - 1)
+    m_min = first_row // tile_m
+    m_max = cutlass.max(last_row // tile_m + 1, m_min)
+    if last_row < first_row:
+        m_max = m_min
+    return m_min, m_max

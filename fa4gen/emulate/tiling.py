@@ -50,6 +50,31 @@ def n_block_range(bounds, tile_n):
     return n_min, n_max
 
 
+
+def m_block_range(n_block, tile_n, tile_m, seqlen_q, seqlen_k, window_left, window_right, chunk, *,
+                  causal, local, chunked):
+    """[m_min, m_max) query blocks with a row that sees any key of `n_block` (the backward's loop)."""
+    shift = seqlen_k - seqlen_q
+    first_col = n_block * tile_n
+    last_col = min(first_col + tile_n, seqlen_k) - 1
+    first_pos = shift  # row 0
+    if causal or chunked:
+        first_pos = first_col
+    if local and window_right >= 0:
+        first_pos = first_col - window_right
+    last_pos = seqlen_q - 1 + shift
+    if chunked:
+        last_pos = min(last_pos, i32((last_col // chunk + 1) * chunk - 1))
+    if local and window_left >= 0:
+        last_pos = min(last_pos, last_col + window_left)
+    first_row = max(first_pos - shift, 0)
+    last_row = min(last_pos - shift, seqlen_q - 1)
+    m_min = first_row // tile_m
+    m_max = max(last_row // tile_m + 1, m_min)
+    if last_row < first_row:
+        m_max = m_min
+    return m_min, m_max
+
 def tile_needs_mask(bounds, n_block, tile_n) -> bool:
     """True unless every row of the tile sees every column of key block `n_block`."""
     _, hi_first, lo_last, _ = bounds

@@ -19,18 +19,18 @@ from fa4gen.spec import AttentionSpec
 class ArchFamily:
     name: str
     cute_arch: str
-    planners: tuple[Callable[[AttentionSpec], KernelPlan], ...]
+    planners: tuple[Callable[[AttentionSpec], KernelPlan | None], ...]  # None: not asked for
     unavailable: str = ""
 
 
 ARCHS: dict[str, ArchFamily] = {
-    "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward,)),
+    "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward, sm90.plan_backward)),
     "sm100": ArchFamily("sm100", "sm_100a", (sm100.plan_forward,)),
 }
 
 
 def plan_kernels(spec: AttentionSpec, arch: str) -> list[KernelPlan]:
-    """Every kernel plan for one target of `spec` (forward today; backward joins later)."""
+    """Every kernel plan for one target of `spec` (forward, and backward where the spec asks for it)."""
     family = ARCHS.get(arch)
     if family is None:
         raise PlanError(spec.name, [problem("targets", f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")])
@@ -38,7 +38,7 @@ def plan_kernels(spec: AttentionSpec, arch: str) -> list[KernelPlan]:
         raise PlanError(spec.name, [problem("targets", f"{arch} is not among the spec's targets {spec.targets}")])
     if family.unavailable:
         raise NotAvailableError(f"{spec.name} [{arch}]", [problem("targets", family.unavailable)])
-    return [planner(spec) for planner in family.planners]
+    return [plan for plan in (planner(spec) for planner in family.planners) if plan is not None]
 
 
 def available_targets(spec: AttentionSpec) -> tuple[list[str], list[str]]:

@@ -106,6 +106,12 @@ class KernelPlan:
     persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count)
     pipelines: tuple = ()  # fa4gen.plan.protocol.PipelineSpec
     named_barriers: tuple = ()  # fa4gen.plan.protocol.NamedBarrierSpec
+    # backward family (fa4gen.plan.sm90.plan_backward)
+    deterministic: bool = False  # dQ (and GQA dK/dV) summed in a fixed order through semaphores
+    q_stages: int = 1  # smem stages of Q (and its LSE) / of dO (and its D) / of P and dS
+    do_stages: int = 1
+    pds_stages: int = 1
+    dkv_accum: bool = False  # dK/dV summed in fp32 over the q heads of a group (GQA), else stored directly
 
     @property
     def has_mask(self) -> bool:

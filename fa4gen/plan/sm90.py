@@ -64,8 +64,6 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     check_threshold(spec, problems)
     if spec.varlen:
         problems.append(problem("varlen", "varlen is not available in the sm90 family yet (planned in issue #3)"))
-    if spec.backward:
-        problems.append(problem("backward", "the sm90 backward kernels are not available yet (planned in issue #4)"))
 
     elem = 2
     smem = (
@@ -133,4 +131,106 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),
+    )
+
+
+# Backward: one CTA per (key block, q head, batch); two consumer warpgroups of 64 query rows each split
+# S/dP and dQ by columns and dK/dV by key rows (tile_n 128) or by head-dim columns (tile_n 64).
+BWD_TILE_M = 64
+REGS_BWD_OVERHEAD = 40
+
+
+def _bwd_smem(spec: AttentionSpec, tile_n: int, q_stages: int, do_stages: int, pds_stages: int) -> int:
+    d, dv, elem = spec.head_dim, spec.head_dim_v, 2
+    return (
+        q_stages * BWD_TILE_M * d * elem  # Q
+        + do_stages * BWD_TILE_M * dv * elem  # dO
+        + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
+        + pds_stages * 2 * BWD_TILE_M * tile_n * elem  # P, dS
+        + BWD_TILE_M * d * 4  # dQ tile in fp32, reduced into global memory by TMA
+        + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
+    )
+
+
+def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
+    """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true."""
+    if not spec.backward:
+        return None
+    problems = []
+    d, dv = spec.head_dim, spec.head_dim_v
+    if d % 16 or dv % 16:
+        problems.append(problem(
+            "head_dim", f"WGMMA consumes K in steps of 16, so the sm90 backward needs head dims that are multiples "
+            f"of 16 (got {d}/{dv})",
+        ))
+    if spec.varlen:
+        problems.append(problem("varlen", "varlen is not available in the sm90 family yet"))
+    # dK/dV accumulators (tile_n x d per CTA) must fit next to S, dP: 64 key rows per warpgroup up to
+    # d 128, 32 (by head-dim halves) above
+    tile_n = 128 if max(d, dv) <= 128 else 64
+    stages = next(
+        (s for s in ((2, 2, 2), (2, 2, 1), (2, 1, 1), (1, 1, 2), (1, 1, 1))
+         if _bwd_smem(spec, tile_n, *s) <= SMEM_BUDGET),
+        (1, 1, 1),
+    )
+    smem = _bwd_smem(spec, tile_n, *stages)
+    regs = (tile_n * (d + dv) + 2 * BWD_TILE_M * tile_n) // 256 + REGS_BWD_OVERHEAD
+    budgets = (
+        Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
+        Budget("consumer registers per thread (estimate)", regs, REGS_CONSUMER[2], "regs"),
+        Budget("register file per SM", 128 * REGS_PRODUCER + 256 * REGS_CONSUMER[2], REG_FILE, "regs"),
+    )
+    if smem > SMEM_BUDGET:
+        problems.append(problem("head_dim", f"the backward needs {smem} bytes of shared memory > {SMEM_BUDGET}"))
+    if regs > REGS_CONSUMER[2]:
+        problems.append(problem("head_dim", f"the backward needs ~{regs} registers per thread > {REGS_CONSUMER[2]}"))
+    check_threshold(spec, problems)
+    if problems:
+        raise PlanError(f"{spec.name} [sm90 backward]", problems)
+    every, share, fit = poly_choice(spec, tile_n, [])
+    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
+    q_stages, do_stages, pds_stages = stages
+    notes = [
+        f"backward tiles: {BWD_TILE_M} query rows x {tile_n} keys per step; stages Q {q_stages}, dO {do_stages}, "
+        f"P/dS {pds_stages} (the most that fit {SMEM_BUDGET} bytes)",
+        "dQ: fp32 tiles reduced into global memory by TMA (cp.reduce.async.bulk), converted by the postprocess",
+    ]
+    if spec.deterministic:
+        notes.append(
+            "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
+            "semaphore per tile; cost: a CTA waits for the key blocks before it on every query block"
+        )
+    fields = semantic_fields(spec, every, share, fit)
+    fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
+    return KernelPlan(
+        name=spec.name,
+        arch="sm90",
+        cute_arch="sm_90a",
+        direction="bwd",
+        module="bwd_sm90",
+        class_name="FlashBwdSm90",
+        dtype=spec.dtype,
+        cutlass_dtype=cutlass_dtype,
+        torch_dtype=torch_dtype,
+        head_dim=d,
+        head_dim_v=dv,
+        tile_m=BWD_TILE_M,
+        tile_n=tile_n,
+        kv_stages=1,
+        num_mma_warpgroups=2,
+        threads=384,
+        regs_producer=REGS_PRODUCER,
+        regs_consumer=REGS_CONSUMER[2],
+        ping_pong=False,
+        intra_wg_overlap=False,
+        scheduler="grid",
+        **fields,
+        budgets=budgets,
+        notes=tuple(notes),
+        deterministic=spec.deterministic,
+        q_stages=q_stages,
+        do_stages=do_stages,
+        pds_stages=pds_stages,
+        dkv_accum=spec.allow_gqa,
+        smem_bytes=smem,
     )

@@ -1,0 +1,127 @@
+"""Device helpers of the backward pass: its pre/postprocess kernels and the semaphores of the
+deterministic mode. Arch-neutral (plain loads/stores and atomics), so every backward family shares them.
+
+Preprocess, per query row:  D = rowsum(dO * O) - dLSE     (fp32; dLSE is the LSE's own gradient)
+                            LSE2 = LSE * log2(e), +inf for rows that saw no key (LSE = -inf)
+so the main kernel forms P = exp2(S * scale_log2 - LSE2) (0 for those rows) and dS = P * (dP - D).
+Postprocess: dst = src * scale in the output dtype (dQ from its fp32 accumulator, GQA dK/dV).
+
+Both walk rows of a (batch, seqlen, heads, dim) tensor: a quad of 4 lanes per row, each lane
+taking every fourth 8-element (16-byte) chunk, 32 rows per 128-thread CTA.
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from fa4gen.device import softmax
+
+LOG2_E = math.log2(math.e)
+ROWS_PER_CTA = 32
+THREADS = 128
+VEC = 8
+
+
+def _chunk(t: cute.Tensor, c):
+    """The c-th 8-element chunk of a row view."""
+    return cute.local_tile(t, (VEC,), (c,))
+
+
+class Preprocess:
+    """D and LSE2 of every query row (one launch before the main backward kernel)."""
+
+    def __init__(self, head_dim_v: int):
+        self.head_dim_v = head_dim_v
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                 mLSE2: cute.Tensor, mD: cute.Tensor, stream):
+        grid = (cute.ceil_div(mO.shape[1], ROWS_PER_CTA), mO.shape[2], mO.shape[0])
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+               mLSE2: cute.Tensor, mD: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        blk, head, batch = cute.arch.block_idx()
+        row = blk * ROWS_PER_CTA + tidx // 4
+        lane4 = tidx % 4
+        acc = Float32(0.0)
+        if row < mO.shape[1]:
+            o_row = mO[batch, row, head, None]
+            do_row = mdO[batch, row, head, None]
+            for i in cutlass.range_constexpr((self.head_dim_v // VEC + 3) // 4):
+                c = lane4 + 4 * i
+                if c < self.head_dim_v // VEC:
+                    ro = cute.make_rmem_tensor((VEC,), mO.element_type)
+                    rdo = cute.make_rmem_tensor((VEC,), mO.element_type)
+                    cute.autovec_copy(_chunk(o_row, c), ro)
+                    cute.autovec_copy(_chunk(do_row, c), rdo)
+                    vo = ro.load().to(Float32)
+                    vdo = rdo.load().to(Float32)
+                    for e in cutlass.range_constexpr(VEC):
+                        acc += vo[e] * vdo[e]
+        acc = softmax.quad_sum(acc)  # every lane of the warp takes part in the shuffles
+        if row < mO.shape[1] and lane4 == 0:
+            mD[batch, head, row] = acc - mdLSE[batch, head, row]
+            lse = mLSE[batch, head, row]
+            lse2 = Float32.inf  # a row that saw no key: P = exp2(-inf) = 0 everywhere
+            if lse != -Float32.inf:
+                lse2 = lse * LOG2_E
+            mLSE2[batch, head, row] = lse2
+
+
+class Convert:
+    """dst = (src * scale).to(dst dtype), fp32 accumulators to the gradient tensors."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, dst: cute.Tensor, scale: Float32, stream):
+        grid = (cute.ceil_div(src.shape[1], ROWS_PER_CTA), src.shape[2], src.shape[0])
+        self.kernel(src, dst, scale).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, dst: cute.Tensor, scale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        blk, head, batch = cute.arch.block_idx()
+        row = blk * ROWS_PER_CTA + tidx // 4
+        lane4 = tidx % 4
+        if row < src.shape[1]:
+            s_row = src[batch, row, head, None]
+            d_row = dst[batch, row, head, None]
+            for i in cutlass.range_constexpr((self.dim // VEC + 3) // 4):
+                c = lane4 + 4 * i
+                if c < self.dim // VEC:
+                    rs = cute.make_rmem_tensor((VEC,), Float32)
+                    cute.autovec_copy(_chunk(s_row, c), rs)
+                    rd = cute.make_rmem_tensor((VEC,), dst.element_type)
+                    rd.store((rs.load() * scale).to(dst.element_type))
+                    cute.autovec_copy(rd, _chunk(d_row, c))
+
+
+@cute.jit
+def element_ptr(t: cute.Tensor, coord):
+    """Pointer to one element of a global tensor (for atomics)."""
+    return t.iterator + cute.crd2idx(coord, t.layout)
+
+
+@cute.jit
+def wait_turn(counter, turn: Int32):
+    """Spin (one thread) until the counter at `counter` reads `turn`; acquire ordering, so what the
+    previous holders wrote before their `pass_turn` is visible after this returns."""
+    seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
+    while seen != turn:
+        seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
+
+
+@cute.jit
+def pass_turn(counter):
+    """Hand the counter to the next holder (one thread, release ordering)."""
+    cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
+
+
+__all__ = ["Convert", "Preprocess", "element_ptr", "pass_turn", "wait_turn"]
