@@ -107,10 +107,10 @@ def test_check_tensor_names_the_argument(name):
 def test_requires_grad_has_no_backward():
     q, k, v = _qkv(requires_grad=True)
     with pytest.raises(RuntimeError, match="has no backward"):
-        _package("llama3_8b").attention(q, k, v)
+        _package("mistral_7b").attention(q, k, v)
     with torch.no_grad():  # under no_grad the same call gets to the device check
         with pytest.raises(ValueError, match="CUDA"):
-            _package("llama3_8b").attention(q, k, v)
+            _package("mistral_7b").attention(q, k, v)
 
 
 def test_lock_plans_match_planner():

@@ -49,3 +49,40 @@ def test_m_block_range_is_the_dual_of_n_block_range(mask):
                           chunk=mask["chunk"] if mask["chunked"] else None)
             truth = {(i // tile_m, j // tile_n) for i, j in vis.nonzero().tolist()}
             assert bwd == truth, (seqlen_q, seqlen_k, tile_m, tile_n)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"c{int(m['causal'])}w{m['window']}k{m['chunk'] if m['chunked'] else 0}")
+def test_key_bounds_invert_row_bounds(mask):
+    """The backward masks its transposed tiles per key (mask.key_bounds); the forward per query row
+    (mask.row_bounds). Both must describe the same visible set, for chunk sizes up to seqlen_k (the
+    API clamps larger ones, which give the same mask)."""
+    kw = dict(causal=mask["causal"], local=mask["local"], chunked=mask["chunked"])
+    left, right = mask["window"]
+    for seqlen_k in (1, 5, 64, 130):
+        chunk = min(mask["chunk"], seqlen_k)
+        for pos in range(-70, seqlen_k + 70):
+            lo, hi = tiling.row_bounds(pos, seqlen_k, left, right, chunk, **kw)
+            for key in range(seqlen_k + 3):
+                klo, khi = tiling.key_bounds(key, seqlen_k, left, right, chunk, **kw)
+                assert (lo <= key < hi) == (klo <= pos < khi), (seqlen_k, pos, key)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"c{int(m['causal'])}w{m['window']}k{m['chunk'] if m['chunked'] else 0}")
+def test_m_mask_phases_leave_out_only_fully_visible_blocks(mask):
+    """The backward drops the mask code from the query blocks in [m_lo, m_hi): every real (query,
+    key) pair of such a block and key block must be visible. Also checks the runs are ordered."""
+    kw = dict(causal=mask["causal"], local=mask["local"], chunked=mask["chunked"])
+    left, right = mask["window"]
+    for seqlen_q, seqlen_k in itertools.product((1, 7, 64, 65, 130, 200), (1, 9, 64, 100, 257)):
+        chunk = min(mask["chunk"], seqlen_k)
+        vis = visible(seqlen_q, seqlen_k, causal=mask["causal"], window=mask["window"] if mask["local"] else None,
+                      chunk=chunk if mask["chunked"] else None)
+        for tile_m, tile_n in ((64, 128), (64, 64), (16, 32)):
+            for nb in range(-(-seqlen_k // tile_n)):
+                m_min, m_max = tiling.m_block_range(nb, tile_n, tile_m, seqlen_q, seqlen_k, left, right, chunk, **kw)
+                m_lo, m_hi = tiling.m_mask_phases(nb, m_min, m_max, tile_n, tile_m, seqlen_q, seqlen_k, left, right,
+                                                  chunk, **kw)
+                assert m_min <= m_lo <= m_hi <= m_max
+                for mb in range(m_lo, m_hi):
+                    block = vis[mb * tile_m:(mb + 1) * tile_m, nb * tile_n:(nb + 1) * tile_n]
+                    assert bool(block.all()), (seqlen_q, seqlen_k, tile_m, tile_n, nb, mb)

@@ -61,7 +61,7 @@ def _sass(report):
 
 def test_every_spec_has_an_sm90_kernel(compiled):
     for name, (spec, plans, reports, _) in compiled.items():
-        assert [p.arch for p in plans] == [t for t in spec.targets if t == "sm90"]
+        assert [(p.arch, p.direction) for p in plans] == [("sm90", "fwd")] + ([("sm90", "bwd")] if spec.backward else [])
         assert [r.arch for r in reports] == [p.arch for p in plans]
 
 
@@ -73,6 +73,9 @@ def test_kernel_compiles_with_expected_sass(compiled, name):
         assert r.meta["arch"] == plan.cute_arch
         assert r.meta["cubin_arch"].startswith("sm_90")
         s = _sass(r)
+        if plan.direction == "bwd":
+            _check_backward_sass(name, plan, r, s)
+            continue
         copies = _copies(name, plan)
         # S = Q·Kᵀ: head_dim/16 WGMMAs of N = tile_n; O += P·V: tile_n/16 WGMMAs of N = head_dim_v,
         # once per copy of each step in the generated text (the overlapped loop peels the first S
@@ -117,7 +120,7 @@ def _poly_exp2_per_tile(plan) -> int:
 
 
 def test_poly_exp_trades_mufu_for_ffma(compiled):
-    _, (base_plan,), (base,), _ = compiled["llama3_8b"]
+    _, (base_plan, *_), (base, *_), _ = compiled["llama3_8b"]  # its forward (it has a backward too)
     _, (poly_plan,), (poly,), _ = compiled["fa4_pipeline"]
     assert (base_plan.head_dim, base_plan.tile_n, base_plan.mask_kind) == (
         poly_plan.head_dim, poly_plan.tile_n, poly_plan.mask_kind
@@ -175,6 +178,13 @@ def test_mask_free_block_loop_has_one_exp2_per_score(compiled, cache_root):
     entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
     for name, (spec, plans, reports, _) in compiled.items():
         for plan in plans:
+            if plan.direction == "bwd":
+                # the backward's loop over query blocks: one exp2 per score (64 x tile_n over 256 threads)
+                sass = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
+                per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
+                loops = _block_loops(sass, per_block)
+                assert loops and all(ex2 == plan.tile_m * plan.tile_n // 256 for _, ex2 in loops), (name, loops)
+                continue
             sass = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
             loops = _block_loops(sass, plan.head_dim // 16 + plan.tile_n // 16)
             assert loops, f"{name}: no key-block loop found in the SASS"
@@ -183,3 +193,20 @@ def test_mask_free_block_loop_has_one_exp2_per_score(compiled, cache_root):
             expected = 2 * (cols - poly) + 2
             steady = min(loops)  # the mask-free run: the shortest block loop
             assert steady[1] == expected, f"{name}: {steady[1]} MUFU.EX2 per block, expected {expected}"
+
+
+def _check_backward_sass(name, plan, r, s):
+    """The backward's main kernel: five WGMMA steps per query block (S, dP, dQ over the key block; dV,
+    dK over the query block), once per generated copy of the block (one per masked / mask-free run),
+    TMA loads and stores (dQ and GQA dK/dV by TMA reduce-add), one exp2 per score, no spills."""
+    text = (ROOT / "generated" / name / f"{plan.module}.py").read_text()
+    runs = {"none": 1, "causal": 2, "sliding_window": 3, "chunked": 3}[plan.mask_kind]
+    assert text.count("cute.gemm(tiled_mma_sdp") == 2 * runs
+    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
+    assert s["hgmma"] == runs * per_block
+    assert s["ldl"] == 0 and s["stl"] == 0
+    assert s["utmaldg"] > 0 and s["opcodes"].get("UTMAREDG", 0) > 0  # dQ (and GQA dK/dV): TMA reduce-add
+    assert (s["utmastg"] > 0) == (not plan.dkv_accum)  # MHA dK/dV: TMA store
+    # P = exp2(S * scale - LSE): (64 x tile_n) scores over 256 threads per query block and run
+    assert s["mufu_ex2"] == runs * plan.tile_m * plan.tile_n // 256
+    assert r.meta["registers"] * plan.threads <= REG_FILE

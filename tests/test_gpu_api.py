@@ -41,7 +41,7 @@ def test_bad_tensors_are_named(mutate, message):
 
 
 def test_grad_without_backward_is_refused():
-    import generated.llama3_8b as pkg
+    import generated.mistral_7b as pkg  # backward: false
 
     q, k, v = _qkv()
     with pytest.raises(RuntimeError, match="has no backward"):

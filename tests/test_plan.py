@@ -88,8 +88,14 @@ def _expected_smem(d: dict) -> int:
 
 
 def _plan(d: dict) -> KernelPlan:
-    (plan,) = plan_kernels(spec_from_dict(d), "sm90")
-    return plan
+    return _fwd_plan(spec_from_dict(d))
+
+
+def _fwd_plan(spec) -> KernelPlan:
+    """The forward plan (a spec with backward: true also gets a bwd plan, checked further below)."""
+    plans = plan_kernels(spec, "sm90")
+    assert [p.direction for p in plans] == ["fwd"] + (["bwd"] if spec.backward else [])
+    return plans[0]
 
 
 def _all_plans():
@@ -125,7 +131,7 @@ def test_grid_is_mostly_plannable():
 
 @pytest.mark.parametrize("spec", ALL)
 def test_resource_invariants(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     # warp roles: one producer warpgroup + 64-row consumer warpgroups
     assert plan.tile_m == 64 * plan.num_mma_warpgroups
     assert plan.threads == 128 * (1 + plan.num_mma_warpgroups)
@@ -151,7 +157,7 @@ def test_resource_invariants(spec):
 
 @pytest.mark.parametrize("spec", ALL)
 def test_spec_fields_carried_into_plan(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     p = spec.pipeline
     assert (plan.arch, plan.cute_arch, plan.direction) == ("sm90", "sm_90a", "fwd")
     assert plan.name == spec.name and plan.dtype == spec.dtype
@@ -171,13 +177,13 @@ def test_spec_fields_carried_into_plan(spec):
         assert plan.intra_wg_overlap is p.intra_wg_overlap
     assert plan.softcap == spec.softcap and plan.has_softcap == (spec.softcap > 0)
     assert plan.rescale_threshold == p.rescale_threshold
-    assert plan.write_lse == spec.return_lse
+    assert plan.write_lse == (spec.return_lse or spec.backward)  # the backward needs the LSE
     assert plan.allow_gqa == spec.allow_gqa
 
 
 @pytest.mark.parametrize("spec", ALL)
 def test_mask_fields_match_spec(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     m = spec.mask
     assert plan.mask_kind == m.kind
     assert plan.causal == (m.kind == "causal")
@@ -206,7 +212,7 @@ def _walk(value):
 
 @pytest.mark.parametrize("spec", ALL)
 def test_auto_is_resolved(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     leaves = list(_walk(plan.to_dict()))
     assert "auto" not in leaves
     assert not any(isinstance(v, str) and "auto" == v.strip().lower() for v in leaves)
@@ -231,7 +237,7 @@ def _max_rel_error(coeffs, points=20000):
 
 @pytest.mark.parametrize("spec", ALL)
 def test_poly_every_matches_share(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     share = spec.pipeline.poly_exp.share
     if share == 0.0:
         assert plan.poly_every == 0 and plan.poly_share == 0.0
@@ -371,7 +377,7 @@ def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
     assert (plan.tile_m, plan.num_mma_warpgroups, plan.regs_consumer) == (192, 3, 160)
 
 
-@pytest.mark.parametrize("field", ["varlen", "backward"])
+@pytest.mark.parametrize("field", ["varlen"])
 def test_unsupported_features_name_the_field(field):
     err = _plan_error(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, **{field: True}))
     assert [p.location for p in err.problems] == [field]
@@ -422,7 +428,7 @@ HEADER_FIELDS = ("name", "arch", "direction", "module")
 
 @pytest.mark.parametrize("spec", ALL[:7])
 def test_describe_lists_every_field(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     text = plan.describe()
     lines = text.splitlines()
     # identity fields are in the header line, by value
@@ -444,7 +450,7 @@ def test_describe_lists_every_field(spec):
 
 @pytest.mark.parametrize("spec", ALL)
 def test_to_json_round_trips(spec):
-    (plan,) = plan_kernels(spec, "sm90")
+    plan = _fwd_plan(spec)
     data = json.loads(plan.to_json())
     data["budgets"] = tuple(Budget(**b) for b in data["budgets"])
     data["notes"] = tuple(data["notes"])
@@ -466,3 +472,32 @@ def test_plans_are_deterministic(spec):
     assert a == b
     assert [p.to_json() for p in a] == [p.to_json() for p in b]
     assert hash(a[0]) == hash(b[0])
+
+
+@pytest.mark.parametrize("dims", [(64, None), (96, None), (128, None), (192, 128), (192, None), (256, None)])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_plan_fits_the_budgets(dims, deterministic):
+    """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
+    estimate stays within setmaxnreg; Sᵀ (P in registers) only when asked for (measured slower)."""
+    spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
+    fwd, bwd = plan_kernels(spec, "sm90")
+    assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
+    assert fwd.write_lse  # the backward needs the forward's LSE
+    assert bwd.deterministic == deterministic
+    assert bwd.tile_n == (128 if max(spec.head_dim, spec.head_dim_v) <= 128 else 64)
+    assert not bwd.swap_sdp
+    for budget in bwd.budgets:
+        assert budget.used <= budget.limit, budget.line()
+    assert bwd.smem_bytes <= 227 * 1024 and min(bwd.q_stages, bwd.do_stages, bwd.pds_stages) >= 1
+
+
+def test_no_backward_plan_without_backward():
+    spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}))
+    assert [p.direction for p in plan_kernels(spec, "sm90")] == ["fwd"]
+
+
+def test_backward_swap_ab_is_opt_in_and_needs_small_head_dims():
+    on = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "none"}, {"bwd_swap_ab": True}, backward=True))
+    assert plan_kernels(on, "sm90")[1].swap_sdp
+    err = _plan_error(_spec_dict(0, (256, None), "bf16", {"kind": "none"}, {"bwd_swap_ab": True}, backward=True))
+    assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]

@@ -1,11 +1,18 @@
-"""Forward benchmark on the lent GPU, following ../shared/docs/BENCHMARK.md (the FA papers' grid).
+"""Forward (and, with --bwd, backward) benchmark on the lent GPU, following ../shared/docs/BENCHMARK.md
+(the FA papers' grid).
 
 batch × seqlen = 16384 tokens, hidden 2048 (heads = 2048 / d), d in {64, 128, 256}, seqlen 512..16k,
 causal and not; fa4gen's kernel side by side with flash-attn-4 and torch SDPA (cuDNN, flash) in one
 process. TFLOP/s = 4·b·h·s²·d (halved when causal) / median time (triton do_bench). Writes JSON and
 a markdown table with ratio columns to --out.
 
-Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT`.
+--bwd adds backward columns: the time of out.backward(dout) alone (the forward graph is kept and
+the input gradients are reset outside the timed region), bwd TFLOP/s = 2.5 × fwd FLOPs / time, for
+fa4gen (specs with backward: true; allow_gqa: false, since the grid is MHA), flash-attn-4's
+flash_attn_func and SDPA's cuDNN and flash backends; --deterministic adds fa4gen's deterministic: true
+backward. Outputs go to bench_bwd.{json,md} then (bench_fwd.* otherwise).
+
+Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT [--bwd]`.
 """
 
 import argparse
@@ -42,12 +49,73 @@ def _sdpa(backend):
     return run
 
 
+def _first(result):
+    """flash_attn_func returns out or (out, lse) depending on the version."""
+    return result[0] if isinstance(result, tuple) else result
+
+
+def _sdpa_bshd(backend, causal: bool):
+    """An SDPA backend on BSHD tensors: transposed views in and out, as the forward columns call it."""
+    return lambda q, k, v: backend(*(x.transpose(1, 2) for x in (q, k, v)), causal).transpose(1, 2)
+
+
+def _bwd_spec(d: int, causal: bool, deterministic: bool) -> dict:
+    name = f"bench_bwd{'_det' if deterministic else ''}_d{d}_{'causal' if causal else 'full'}"
+    return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
+                backward=True, deterministic=deterministic, allow_gqa=False)
+
+
+def _warm_backward(pkg, d: int) -> float:
+    """Compile (or load) the forward and backward of a backward package; seconds taken."""
+    t0 = time.perf_counter()
+    x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pkg.attention(x, x, x).sum().backward()
+    torch.cuda.synchronize()
+    return round(time.perf_counter() - t0, 2)
+
+
+def _bwd_ms(run, q, k, v) -> tuple[float, tuple]:
+    """Median time of the backward of run(q, k, v) (BSHD in and out), and the gradients it gives."""
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = run(qg, kg, vg)
+    torch.manual_seed(0)  # the same dout for every implementation, laid out like its out
+    dout = torch.empty_like(out).copy_(torch.randn(out.shape, device=out.device, dtype=out.dtype))
+    out.backward(dout, retain_graph=True)
+    grads = (qg.grad, kg.grad, vg.grad)
+    ms = do_bench(lambda: out.backward(dout, retain_graph=True), warmup=25, rep=100, grad_to_none=[qg, kg, vg],
+                  return_mode="median")
+    return ms, grads
+
+
+def bwd_columns(res: dict, impls: dict, q, k, v, flops: float) -> None:
+    """Backward TFLOP/s of every implementation into `res`, fa4gen's gradients checked against cuDNN's."""
+    grads = {}
+    for name, run in impls.items():
+        try:
+            ms, grads[name] = _bwd_ms(run, q, k, v)
+            res[f"{name}_bwd"] = round(2.5 * flops / (ms * 1e-3) / 1e12, 1)
+        except Exception as err:  # noqa: BLE001
+            res[f"{name}_bwd"] = None
+            res[f"{name}_bwd_error"] = f"{type(err).__name__}: {err}"[:200]
+    if "fa4gen" in grads and "cudnn" in grads:
+        res["bwd_max_abs_diff_vs_cudnn"] = max((a.float() - b.float()).abs().max().item()
+                                               for a, b in zip(grads["fa4gen"], grads["cudnn"]))
+    best = max([res.get("fa4_bwd") or 0, res.get("cudnn_bwd") or 0])
+    ours = res.get("fa4gen_bwd")
+    res["bwd_vs_fa4"] = round(ours / res["fa4_bwd"], 3) if ours and res.get("fa4_bwd") else None
+    res["bwd_vs_best"] = round(ours / best, 3) if ours and best else None
+    if ours and res.get("fa4gen_det_bwd"):
+        res["det_vs_nondet"] = round(res["fa4gen_det_bwd"] / ours, 3)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--ablation", action="store_true", help="d128, s4k/s16k: each pipeline switch off in turn")
+    ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
+    ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     args = ap.parse_args()
     if args.ablation:
         return ablation(Path(args.out))
@@ -69,6 +137,11 @@ def main():
             pkg.attention(x, x, x)
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
+            if args.bwd:
+                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False))
+                bwd_first_call_s = _warm_backward(bwd_pkg, d)
+                det_pkg = fa4gen.build(_bwd_spec(d, causal, True)) if args.deterministic else None
+                det_first_call_s = _warm_backward(det_pkg, d) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -92,17 +165,34 @@ def main():
                 best = max([res.get("fa4") or 0, res.get("cudnn") or 0])
                 res["vs_fa4"] = round(res["fa4gen"] / res["fa4"], 3) if res.get("fa4") else None
                 res["vs_best"] = round(res["fa4gen"] / best, 3) if best else None
+                if args.bwd:
+                    res["bwd_first_call_s"], res["det_first_call_s"] = bwd_first_call_s, det_first_call_s
+                    bwd_impls = {"fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal),
+                                 "sdpa_flash": _sdpa_bshd(flash, causal)}
+                    if det_pkg is not None:
+                        bwd_impls["fa4gen_det"] = det_pkg.attention
+                    if fa4 is not None:
+                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
+                    bwd_columns(res, bwd_impls, q, k, v, flops)
                 rows.append(res)
                 print(json.dumps(res), flush=True)
-    (out_dir / "bench_fwd.json").write_text(json.dumps({"matmul_tflops": matmul, "gpu": torch.cuda.get_device_name(),
-                                                        "rows": rows}, indent=1))
-    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s", "",
-             "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    stem = "bench_bwd" if args.bwd else "bench_fwd"
+    (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "gpu": torch.cuda.get_device_name(),
+                                                      "rows": rows}, indent=1))
+    head = "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |"
+    if args.bwd:
+        head += " bwd fa4gen | bwd FA4 | bwd cuDNN | bwd SDPA flash | bwd fa4gen/FA4 | bwd fa4gen/best |"
+        head += " bwd det | det/non-det |" if args.deterministic else ""
+    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s", "", head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
-        lines.append(f"| {r['d']} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
-                     f"{r['cudnn']} | {r['sdpa_flash']} | {r['vs_fa4']} | {r['vs_best']} |")
-    (out_dir / "bench_fwd.md").write_text("\n".join(lines) + "\n")
+        line = (f"| {r['d']} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
+                f"{r['cudnn']} | {r['sdpa_flash']} | {r['vs_fa4']} | {r['vs_best']} |")
+        if args.bwd:
+            line += (f" {r['fa4gen_bwd']} | {r.get('fa4_bwd')} | {r['cudnn_bwd']} | {r['sdpa_flash_bwd']} | "
+                     f"{r['bwd_vs_fa4']} | {r['bwd_vs_best']} |")
+            line += f" {r.get('fa4gen_det_bwd')} | {r.get('det_vs_nondet')} |" if args.deterministic else ""
+        lines.append(line)
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

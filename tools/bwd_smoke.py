@@ -37,6 +37,7 @@ SPECS = {
 }
 BENCH = {f"p{d}{'c' if c else ''}": dict(head_dim=d, allow_gqa=False, **({"mask": {"kind": "causal"}} if c else {}))
          for d in (64, 128, 256) for c in (False, True)}
+BENCH.update({f"{k}s": dict(v, pipeline={"bwd_swap_ab": True}) for k, v in list(BENCH.items()) if "256" not in k})
 SHAPES = [(1, 1, 1, 2, 2), (2, 113, 255, 4, 2), (1, 1000, 1000, 2, 1), (1, 384, 128, 2, 2), (1, 200, 701, 3, 3)]
 
 
@@ -60,7 +61,7 @@ def median_ms(fn, reps=30):
     return sorted(times)[len(times) // 2]
 
 
-def bench(root: Path, seqlens=(1024, 4096, 16384)) -> list[dict]:
+def bench(root: Path, seqlens=(2048, 16384)) -> list[dict]:
     """bwd TFLOP/s (2.5 x fwd FLOPs) of the generated kernel vs flash-attn-4, same process."""
     try:
         from flash_attn.cute.interface import flash_attn_func
@@ -90,7 +91,7 @@ def bench(root: Path, seqlens=(1024, 4096, 16384)) -> list[dict]:
 
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             t = median_ms(ours)
-            row = dict(d=d, s=s, causal=causal, fa4gen=flops / t / 1e9)
+            row = dict(spec=name, d=d, s=s, causal=causal, swap_ab=plan["swap_sdp"], fa4gen=flops / t / 1e9)
             if flash_attn_func is not None:
                 qq, kk, vv = (t_.clone().requires_grad_() for t_ in (q, k, v))
                 o = flash_attn_func(qq, kk, vv, causal=causal)
@@ -98,7 +99,7 @@ def bench(root: Path, seqlens=(1024, 4096, 16384)) -> list[dict]:
                 t4 = median_ms(lambda: torch.autograd.grad(o, (qq, kk, vv), do, retain_graph=True))
                 row["fa4"] = flops / t4 / 1e9
             rows.append(row)
-            print(f"bench d{d} s{s} {'causal' if causal else 'full  '}: fa4gen {row['fa4gen']:.0f} TFLOP/s"
+            print(f"bench d{d} s{s} {'causal' if causal else 'full  '}{' swapAB' if plan['swap_sdp'] else ''}: fa4gen {row['fa4gen']:.0f} TFLOP/s"
                   + (f", flash-attn-4 {row['fa4']:.0f} ({row['fa4gen'] / row['fa4']:.2f}x)" if "fa4" in row else ""))
     return rows
 

@@ -1,5 +1,6 @@
 """API stage: what a generated package's `attention()` calls — input checks, compile-on-first-use
-through the disk cache, and the launch.
+through the disk cache, the launch, and (for specs with backward: true) the autograd Function whose
+backward launches the package's backward kernels.
 
 Conventions are flash_attn_func's: q (batch, seqlen_q, heads, head_dim), k/v (batch, seqlen_k,
 kv_heads, head_dim[_v]), GQA/MQA when kv_heads divides heads; the LSE is (batch, heads, seqlen_q)
@@ -62,7 +63,9 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 class ForwardOp:
-    """The forward of one generated package: plans from its spec.lock.json, kernels per arch."""
+    """The attention of one generated package: plans from its spec.lock.json, kernels per arch and
+    direction. When the package has backward kernels (spec backward: true), calls whose q, k or v
+    require grad go through `AttentionFunction`, so out (and the LSE) support .backward()."""
 
     def __init__(self, package_file: str, package_name: str):
         self.dir = Path(package_file).resolve().parent
@@ -71,8 +74,9 @@ class ForwardOp:
         self.spec = lock["spec"]
         self.name = self.spec["name"]
         self.plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "fwd"}
+        self.bwd_plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "bwd"}
         self.unavailable = lock.get("unavailable_targets", {})
-        self._functions: dict[str, Any] = {}
+        self._functions: dict[tuple[str, str], Any] = {}
         self._arch_by_device: dict[int | None, str] = {}
         self._lock = threading.Lock()
 
@@ -97,55 +101,71 @@ class ForwardOp:
         )
 
     def function(self, arch: str):
-        fn = self._functions.get(arch)
-        if fn is not None:
-            return fn
+        """The compiled forward for `arch` (compiled or loaded from the disk cache on first use)."""
+        fn = self._functions.get((arch, "fwd"))
+        return fn if fn is not None else self._compile(self.plans[arch])
+
+    def backward_function(self, arch: str):
+        """The compiled backward for `arch`: it launches the preprocess, main kernel and postprocess."""
+        fn = self._functions.get((arch, "bwd"))
+        return fn if fn is not None else self._compile(self.bwd_plans[arch])
+
+    def _compile(self, plan):
+        key = (plan["arch"], plan["direction"])
         with self._lock:
-            if arch not in self._functions:
-                plan = self.plans[arch]
+            if key not in self._functions:
                 start = time.perf_counter()
                 result = compile_generated(
                     self.dir / f"{plan['module']}.py", f"{self.package}.{plan['module']}", plan, cache=DiskCache()
                 )
                 took = time.perf_counter() - start
+                what = self.name if plan["direction"] == "fwd" else f"{self.name} backward"
                 if result.cache_hit:
-                    log.info("loaded %s for %s from the disk cache (%.0f ms)", self.name, plan["cute_arch"], took * 1e3)
+                    log.info("loaded %s for %s from the disk cache (%.0f ms)", what, plan["cute_arch"], took * 1e3)
                 else:
-                    log.info("compiling %s for %s ... done in %.1f s", self.name, plan["cute_arch"], took)
-                self._functions[arch] = result.function
-        return self._functions[arch]
+                    log.info("compiling %s for %s ... done in %.1f s", what, plan["cute_arch"], took)
+                self._functions[key] = result.function
+        return self._functions[key]
+
+    @staticmethod
+    def _launch(fn, device: torch.device, args: list) -> None:
+        if device.index == torch.cuda.current_device():
+            fn(*args)  # launches on the current stream of the current device
+        else:
+            with torch.cuda.device(device):
+                fn(*args)
 
     # -- call -----------------------------------------------------------------------------
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
         plan = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
                              return_lse=return_lse, out=out)
         # device checks come after every device-independent one, so errors name the real problem
-        for name, t in (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
-            if t.device.type != "cuda":
-                _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
-            if t.device != q.device:
-                _fail(f"{name}: expected the device of q ({q.device}), got {t.device}")
+        self._check_devices(q.device, (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ()))
+        scale = self._scale(softmax_scale, plan)
+        if self.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size)
+        else:
+            out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out)
+        return (out, lse) if return_lse else out
+
+    def _forward(self, q, k, v, scale: float, window, chunk_size, out):
+        """Launch the forward on checked CUDA tensors: (out, lse or None, the (q, k, v) launched on)."""
         plan = self.plans[self.arch_for(q.device)]
-        dtype = getattr(torch, plan["torch_dtype"])
         b, s_q, h, _ = q.shape
         if out is None:
+            dtype = getattr(torch, plan["torch_dtype"])
             out = torch.empty((b, s_q, h, plan["head_dim_v"]), dtype=dtype, device=q.device)
         lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
-        args = self._runtime_args(plan, self._scale(softmax_scale, plan), window, chunk_size,
-                                  seqlens=(s_q, k.shape[1]))
+        args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, k.shape[1]))
         if out.numel() == 0 or k.shape[1] == 0:
             out.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
-            return (out, lse) if return_lse else out
-        tensors = [tma_ready(q), tma_ready(k), tma_ready(v), out] + ([lse] if lse is not None else [])
-        fn = self.function(self.arch_for(q.device))
-        if q.device.index == torch.cuda.current_device():
-            fn(*tensors, *args)  # launches on the current stream of the current device
-        else:
-            with torch.cuda.device(q.device):
-                fn(*tensors, *args)
-        return (out, lse) if return_lse else out
+            return out, lse, (q, k, v)
+        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+        tensors = [q, k, v, out] + ([lse] if lse is not None else [])
+        self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
+        return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
         """Every check that needs no GPU, in argument order; returns a plan of this package."""
@@ -156,21 +176,103 @@ class ForwardOp:
         check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"])
         check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"])
         check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"])
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if torch.is_grad_enabled() and t.requires_grad:
-                _fail(
-                    f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
-                    "run under torch.no_grad() or build a spec with backward: true",
-                    RuntimeError,
-                )
+        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if grad and not self.bwd_plans:
+            name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad)
+            _fail(
+                f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
+                "run under torch.no_grad() or build a spec with backward: true",
+                RuntimeError,
+            )
         self._check_shapes(q, k, v, plan)
         self._scale(softmax_scale, plan)
         self._runtime_args(plan, 1.0, window, chunk_size, seqlens=(q.shape[1], k.shape[1]))
         if return_lse and not plan["write_lse"]:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
         if out is not None:
+            if grad:
+                _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
+                      "drop out= or run under torch.no_grad()", RuntimeError)
             self._check_out(out, (q.shape[0], q.shape[1], q.shape[2], plan["head_dim_v"]), dtype)
         return plan
+
+    # -- backward -------------------------------------------------------------------------
+    def backward(self, q, k, v, out, dout, lse, dlse=None, *, softmax_scale=None, window=None, chunk_size=None):
+        """(dq, dk, dv) of this package's attention, given dout and dlse, the gradients of out and of
+        the LSE (None = zero). q, k, v, out, lse are the forward's, which checked them (AttentionFunction
+        saves them); only the gradients are checked here. softmax_scale, window and chunk_size must
+        be the forward call's."""
+        self._check_devices(q.device, (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)))
+        b, s_q, h, _ = q.shape
+        s_k, h_kv = k.shape[1], k.shape[2]
+        dout = self._check_grad("dout", dout, tuple(out.shape), out.dtype, q.device)
+        dlse = self._check_grad("dlse", dlse, (b, h, s_q), torch.float32, q.device)
+        arch = self.arch_for(q.device)
+        plan = self.bwd_plans.get(arch)
+        if plan is None:
+            _fail(
+                f"{self.name}: no backward kernel for {arch} (this package has backward kernels for "
+                f"{sorted(self.bwd_plans) or 'no arch'}); run the training step on a GPU of those archs",
+                RuntimeError,
+            )
+        scale = self._scale(softmax_scale, plan)
+        args = self._backward_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
+        if (dout is None and dlse is None) or q.numel() == 0 or k.numel() == 0:
+            # nothing flows back (or no query sees a key): zero gradients without a launch
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        if dout is None:
+            dout = torch.zeros_like(out)
+        if dlse is None:
+            dlse = torch.zeros((b, h, s_q), dtype=torch.float32, device=q.device)
+        contiguous = dict(memory_format=torch.contiguous_format)
+        dq, dk, dv = (torch.empty_like(t, **contiguous) for t in (q, k, v))
+        f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
+        tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
+                   torch.empty((b, h, s_q), **f32),  # lse_log2
+                   torch.empty((b, h, s_q), **f32),  # dpsum
+                   torch.zeros((b, s_q, h, q.shape[3]), **f32)]  # dq_accum
+        if plan["dkv_accum"]:
+            tensors += [torch.zeros((b, s_k, h_kv, k.shape[3]), **f32), torch.zeros((b, s_k, h_kv, v.shape[3]), **f32)]
+        if plan["deterministic"]:
+            tensors.append(torch.zeros((b, h, -(-s_q // plan["tile_m"])), **i32))  # sem_dq
+            if plan["dkv_accum"]:
+                tensors.append(torch.zeros((b, h_kv, -(-s_k // plan["tile_n"])), **i32))  # sem_dkv
+        self._launch(self.backward_function(arch), q.device, tensors + args)
+        return dq, dk, dv
+
+    @staticmethod
+    def _check_grad(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device):
+        """A gradient flowing into the backward: None, or a tensor like its output (made contiguous)."""
+        if t is None:
+            return None
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}", TypeError)
+        if tuple(t.shape) != shape:
+            _fail(f"{name}: expected shape {shape} (the forward's output), got {tuple(t.shape)}")
+        if t.dtype != dtype:
+            _fail(f"{name}: expected dtype {dtype} (the forward's output), got {t.dtype}", TypeError)
+        if t.device != device:
+            _fail(f"{name}: expected the device of q ({device}), got {t.device}")
+        if not t.is_contiguous():  # e.g. the stride-0 gradient of out.sum()
+            t = t.contiguous()
+        return tma_ready(t) if t.dim() == 4 else t
+
+    @classmethod
+    def _backward_args(cls, plan, scale: float, window, chunk_size, seqlens) -> list:
+        """The backward's run-time arguments: the forward's, with grad_scale (the softmax scale)
+        after the softcap ones."""
+        args = cls._runtime_args(plan, scale, window, chunk_size, seqlens=seqlens)
+        args.insert(2 if plan["softcap"] > 0 else 1, scale)
+        return args
+
+    # -- checks ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_devices(device: torch.device, named) -> None:
+        for name, t in named:
+            if t.device.type != "cuda":
+                _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
+            if t.device != device:
+                _fail(f"{name}: expected the device of q ({device}), got {t.device}")
 
     def _check_shapes(self, q, k, v, plan) -> None:
         if not (q.shape[0] == k.shape[0] == v.shape[0]):
@@ -223,6 +325,10 @@ class ForwardOp:
             chunk = plan["chunk_size"] if chunk_size is None else chunk_size
             if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk < 2**31:
                 _fail(f"chunk_size: expected an int in [1, 2**31), got {chunk!r}")
+            if seqlens is not None:
+                # positions never reach seqlen_k, so a chunk at least that long is the same mask; clamped, the
+                # kernels' chunk arithmetic (next chunk start = key + chunk) stays inside Int32
+                chunk = min(chunk, max(seqlens[1], 1))
             args.append(chunk)
         elif chunk_size is not None:
             _fail(f"chunk_size: this spec's mask is {plan['mask_kind']!r}; chunk_size applies to chunked specs only")
@@ -244,3 +350,28 @@ def _window(window) -> tuple[int, int]:
     if window[0] == -1 and window[1] == -1:
         _fail("window: at least one side must be bounded; (-1, -1) is no mask at all")
     return int(window[0]), int(window[1])
+
+
+class AttentionFunction(torch.autograd.Function):
+    """(out, lse) = attention(q, k, v) whose backward runs the package's backward kernels. The
+    forward keeps q, k, v (as launched), out and the LSE, and the call's scale, window and chunk
+    size, so the backward sees exactly what the forward computed."""
+
+    @staticmethod
+    def forward(ctx, op: ForwardOp, q, k, v, scale: float, window, chunk_size):
+        out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None)
+        ctx.save_for_backward(*launched, out, lse)
+        ctx.op, ctx.scale, ctx.window, ctx.chunk_size = op, scale, window, chunk_size
+        ctx.set_materialize_grads(False)  # an unused out or LSE gives None, not a zero tensor
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        if dout is None and dlse is None:
+            return (None,) * 7
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.op.backward(q, k, v, out, dout, lse, dlse, softmax_scale=ctx.scale, window=ctx.window,
+                                     chunk_size=ctx.chunk_size)
+        need = ctx.needs_input_grad
+        return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None, None, None, None

@@ -183,3 +183,124 @@ def m_block_range(
     if last_row < first_row:
         m_max = m_min
     return m_min, m_max
+
+
+
+@cute.jit
+def key_bounds(
+    key: Int32,
+    seqlen_k: Int32,
+    window_left: Int32,
+    window_right: Int32,
+    chunk: Int32,
+    *,
+    causal: cutlass.Constexpr[bool],
+    local: cutlass.Constexpr[bool],
+    chunked: cutlass.Constexpr[bool],
+):
+    """[lo, hi) of the key-space positions that see key `key`: the inverse of `row_bounds`
+    (pos sees key  <=>  lo <= pos < hi), for kernels that hold a tile with keys as rows.
+    The chunk size must be at most max(seqlen_k, 1) (the API clamps it; larger is the same mask)."""
+    lo = Int32(-(2**31) + 1)
+    hi = Int32(2**31 - 1)
+    if cutlass.const_expr(causal or chunked):
+        lo = key
+    if cutlass.const_expr(chunked):
+        hi = key - key % chunk + chunk  # the next chunk start
+    if cutlass.const_expr(local):
+        if window_right >= 0:
+            lo = key - window_right
+        if window_left >= 0:
+            hi = key + window_left + 1
+    if key >= seqlen_k:
+        hi = lo
+    return lo, hi
+
+
+@cute.jit
+def apply_mask_by_key(
+    s: cute.Tensor,
+    coords: cute.Tensor,
+    row_offset: Int32,
+    col_offset: Int32,
+    seqlen_k: Int32,
+    pos_shift: Int32,
+    window_left: Int32,
+    window_right: Int32,
+    chunk: Int32,
+    *,
+    causal: cutlass.Constexpr[bool],
+    local: cutlass.Constexpr[bool],
+    chunked: cutlass.Constexpr[bool],
+):
+    """`apply_mask` for a transposed tile (the backward's Sᵀ = K·Qᵀ): `s` and `coords` are
+    (key, query) views holding (query, key) coordinates; row_offset places the queries, col_offset
+    the keys. Bounds come per key row (`key_bounds`), so a thread evaluates them once per key."""
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        lo, hi = key_bounds(
+            coords[r, 0][1] + col_offset, seqlen_k, window_left, window_right, chunk,
+            causal=causal, local=local, chunked=chunked,
+        )
+        # in tile-local query indices (the bounds are key-space positions)
+        lo = lo - pos_shift - row_offset
+        hi = hi - pos_shift - row_offset
+        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            q = coords[0, c][0]
+            if q >= hi or q < lo:
+                s[r, c] = -Float32.inf
+
+
+@cute.jit
+def m_mask_phases(
+    n_block: Int32,
+    m_min: Int32,
+    m_max: Int32,
+    tile_n: cutlass.Constexpr[int],
+    tile_m: cutlass.Constexpr[int],
+    seqlen_q: Int32,
+    seqlen_k: Int32,
+    window_left: Int32,
+    window_right: Int32,
+    chunk: Int32,
+    *,
+    causal: cutlass.Constexpr[bool],
+    local: cutlass.Constexpr[bool],
+    chunked: cutlass.Constexpr[bool],
+):
+    """The backward's `mask_phases`: split the query blocks [m_min, m_max) of key block `n_block` into
+    [m_min, m_lo) masked (diagonal / window right edge), [m_lo, m_hi) where every query row sees every
+    key of the block (no mask code), [m_hi, m_max) masked (window left edge / chunk start).
+    Conservative: a block is left in a masked run unless all its rows see all its keys."""
+    shift = seqlen_k - seqlen_q
+    first_col = n_block * tile_n
+    last_col = cutlass.min(first_col + tile_n, seqlen_k) - 1
+    m_lo = m_min
+    m_hi = m_max
+    # right side: the block's first row must see last_col, hi = pos + 1 + right > last_col
+    if cutlass.const_expr(causal or chunked or local):
+        right = Int32(0)
+        bounded = True
+        if cutlass.const_expr(local):
+            right = window_right
+            bounded = window_right >= 0
+        if bounded:
+            need = cutlass.max(last_col - shift - right, 0)
+            m_lo = cutlass.max((need + tile_m - 1) // tile_m, m_min)
+    m_lo = cutlass.min(m_lo, m_max)
+    # left side: the block's last row must see first_col, lo(pos_last) <= first_col
+    if cutlass.const_expr(chunked or local):
+        limit = Int32(0)  # the largest last-row position whose lo is <= first_col
+        bounded = True
+        if cutlass.const_expr(chunked):
+            limit = first_col - first_col % chunk + chunk - 1
+        if cutlass.const_expr(local):
+            limit = first_col + window_left
+            bounded = window_left >= 0
+        if bounded:
+            # last row of block m: m * tile_m + tile_m - 1 + shift <= limit
+            y = limit - shift - tile_m + 1
+            m_hi = Int32(0)
+            if y >= 0:
+                m_hi = y // tile_m + 1
+    m_hi = cutlass.min(cutlass.max(m_hi, m_lo), m_max)
+    return m_lo, m_hi

@@ -75,6 +75,51 @@ def m_block_range(n_block, tile_n, tile_m, seqlen_q, seqlen_k, window_left, wind
         m_max = m_min
     return m_min, m_max
 
+
+def key_bounds(key, seqlen_k, window_left, window_right, chunk, *, causal, local, chunked):
+    """[lo, hi) of the key-space positions that see `key` (the inverse of row_bounds)."""
+    lo, hi = -(2**31) + 1, 2**31 - 1
+    if causal or chunked:
+        lo = key
+    if chunked:
+        hi = key - key % chunk + chunk
+    if local:
+        if window_right >= 0:
+            lo = key - window_right
+        if window_left >= 0:
+            hi = key + window_left + 1
+    if key >= seqlen_k:
+        hi = lo
+    return lo, hi
+
+
+def m_mask_phases(n_block, m_min, m_max, tile_n, tile_m, seqlen_q, seqlen_k, window_left, window_right, chunk, *,
+                  causal, local, chunked):
+    """(m_lo, m_hi): [m_min, m_lo) and [m_hi, m_max) masked, [m_lo, m_hi) mask-free (the backward's runs)."""
+    shift = seqlen_k - seqlen_q
+    first_col = n_block * tile_n
+    last_col = min(first_col + tile_n, seqlen_k) - 1
+    m_lo, m_hi = m_min, m_max
+    if causal or chunked or local:
+        right, bounded = 0, True
+        if local:
+            right, bounded = window_right, window_right >= 0
+        if bounded:
+            need = max(last_col - shift - right, 0)
+            m_lo = max((need + tile_m - 1) // tile_m, m_min)
+    m_lo = min(m_lo, m_max)
+    if chunked or local:
+        limit, bounded = 0, True
+        if chunked:
+            limit = first_col - first_col % chunk + chunk - 1
+        if local:
+            limit, bounded = first_col + window_left, window_left >= 0
+        if bounded:
+            y = limit - shift - tile_m + 1
+            m_hi = y // tile_m + 1 if y >= 0 else 0
+    m_hi = min(max(m_hi, m_lo), m_max)
+    return m_lo, m_hi
+
 def tile_needs_mask(bounds, n_block, tile_n) -> bool:
     """True unless every row of the tile sees every column of key block `n_block`."""
     _, hi_first, lo_last, _ = bounds

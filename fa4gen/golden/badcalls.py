@@ -148,10 +148,13 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
 CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens")
 
 
-def applicable(kind: str, plan: Mapping[str, Any], call: Call) -> bool:
+def applicable(kind: str, plan: Mapping[str, Any], call: Call, *, has_backward: bool = False) -> bool:
     """Whether `kind` makes `call` bad for this plan: return_lse=True is fine when LSE is written,
-    moving a tensor to the CPU only matters for CUDA calls. (window/chunk_size on a spec without
-    them is bad: the generated signature has no such argument.)"""
+    moving a tensor to the CPU only matters for CUDA calls, an input that requires grad is fine when
+    the package has a backward. (window/chunk_size on a spec without them is bad: the generated
+    signature has no such argument.)"""
+    if kind.endswith("_grad"):
+        return not has_backward
     if kind == "return_lse":
         return not plan["write_lse"]
     if kind.endswith("_device"):

@@ -137,16 +137,17 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
 # Backward: one CTA per (key block, q head, batch); two consumer warpgroups of 64 query rows each split
 # S/dP and dQ by columns and dK/dV by key rows (tile_n 128) or by head-dim columns (tile_n 64).
 BWD_TILE_M = 64
-REGS_BWD_OVERHEAD = 40
+REGS_BWD_OVERHEAD = 16
 
 
-def _bwd_smem(spec: AttentionSpec, tile_n: int, q_stages: int, do_stages: int, pds_stages: int) -> int:
+def _bwd_smem(spec: AttentionSpec, tile_n: int, swap: bool, q_stages: int, do_stages: int, pds_stages: int) -> int:
     d, dv, elem = spec.head_dim, spec.head_dim_v, 2
+    pds_buffers = 1 if swap else 2  # with Sᵀ, P stays in registers: only dS in smem
     return (
         q_stages * BWD_TILE_M * d * elem  # Q
         + do_stages * BWD_TILE_M * dv * elem  # dO
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
-        + pds_stages * 2 * BWD_TILE_M * tile_n * elem  # P, dS
+        + pds_stages * pds_buffers * BWD_TILE_M * tile_n * elem  # (P,) dS
         + BWD_TILE_M * d * 4  # dQ tile in fp32, reduced into global memory by TMA
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
@@ -166,15 +167,27 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     if spec.varlen:
         problems.append(problem("varlen", "varlen is not available in the sm90 family yet"))
     # dK/dV accumulators (tile_n x d per CTA) must fit next to S, dP: 64 key rows per warpgroup up to
-    # d 128, 32 (by head-dim halves) above
+    # d 128, 32 (by head-dim halves) above. With 64 key rows per warpgroup the kernel computes Sᵀ and
+    # dPᵀ (keys as WGMMA rows), so each warpgroup holds the Pᵀ/dSᵀ rows its dV/dK rows need: they feed
+    # those GEMMs from registers (FA3's choice), and only dS goes through shared memory (for dQ).
     tile_n = 128 if max(d, dv) <= 128 else 64
+    # Sᵀ with P/dS in registers is opt-in: on the H200 it measured slower than S with P and dS through
+    # shared memory (d64 0.61-0.83x vs 0.76-1.03x flash-attn-4, d128 0.81-1.24x vs 0.88-1.18x; docs/PERF.md)
+    swap = spec.pipeline.bwd_swap_ab is True
+    if swap and tile_n != 128:
+        problems.append(problem(
+            "pipeline.bwd_swap_ab", f"Sᵀ in registers needs 64 key rows per warpgroup, i.e. head dims <= 128 "
+            f"(got {d}/{dv})",
+        ))
     stages = next(
         (s for s in ((2, 2, 2), (2, 2, 1), (2, 1, 1), (1, 1, 2), (1, 1, 1))
-         if _bwd_smem(spec, tile_n, *s) <= SMEM_BUDGET),
+         if _bwd_smem(spec, tile_n, swap, *s) <= SMEM_BUDGET),
         (1, 1, 1),
     )
-    smem = _bwd_smem(spec, tile_n, *stages)
-    regs = (tile_n * (d + dv) + 2 * BWD_TILE_M * tile_n) // 256 + REGS_BWD_OVERHEAD
+    smem = _bwd_smem(spec, tile_n, swap, *stages)
+    # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
+    # bound: ptxas decides, and the SASS tests check that no backward kernel spills
+    regs = (tile_n * (d + dv) + 2 * BWD_TILE_M * tile_n) // 256 + (BWD_TILE_M // 2 if swap else 4) + REGS_BWD_OVERHEAD
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
         Budget("consumer registers per thread (estimate)", regs, REGS_CONSUMER[2], "regs"),
@@ -192,7 +205,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     q_stages, do_stages, pds_stages = stages
     notes = [
         f"backward tiles: {BWD_TILE_M} query rows x {tile_n} keys per step; stages Q {q_stages}, dO {do_stages}, "
-        f"P/dS {pds_stages} (the most that fit {SMEM_BUDGET} bytes)",
+        f"{'dS' if swap else 'P/dS'} {pds_stages} (the most that fit {SMEM_BUDGET} bytes)",
+        "Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" if swap else
+        "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
         "dQ: fp32 tiles reduced into global memory by TMA (cp.reduce.async.bulk), converted by the postprocess",
     ]
     if spec.deterministic:
@@ -232,5 +247,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         do_stages=do_stages,
         pds_stages=pds_stages,
         dkv_accum=spec.allow_gqa,
+        swap_sdp=swap,
         smem_bytes=smem,
     )

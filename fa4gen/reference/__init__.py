@@ -10,7 +10,8 @@ output 0 and LSE -inf, never NaN.
 `upcast=False` mimics a low-precision implementation (scores and P rounded to the input dtype,
 output in the input dtype), which sets the error budget (`error_budget`): a kernel may be at most
 2x as far from the exact result as that low-precision computation, plus a small atol (the
-FlashAttention test rule).
+FlashAttention test rule). `attention_ref_grads` gives dq, dk, dv by torch autograd through
+`attention_ref`, exact or in low precision, for the same rule on gradients.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["attention_ref", "attention_ref_varlen", "error_budget", "mask_semantics", "visible"]
+__all__ = ["attention_ref", "attention_ref_grads", "attention_ref_varlen", "error_budget", "mask_semantics", "visible"]
 
 
 def visible(seqlen_q: int, seqlen_k: int, *, causal=False, window=None, chunk=None, device=None) -> torch.Tensor:
@@ -77,6 +78,29 @@ def attention_ref(
         p = p.to(q.dtype)
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(vf.dtype), vf)
     return (out if upcast else out.to(v.dtype)), lse
+
+
+def attention_ref_grads(q, k, v, dout, *, dlse=None, upcast=True, dtype=None, **kw):
+    """(dq, dk, dv): the gradients of attention_ref's (out, lse) against (dout, dlse) for q, k, v, by
+    torch autograd; dlse None = the LSE is not differentiated. `kw` are attention_ref's mask,
+    softcap and softmax_scale arguments.
+
+    upcast=True: exact, in `dtype` (default fp64 on the CPU, fp32 on a GPU).
+    upcast=False: autograd through the low-precision forward (input-dtype matmuls, P rounded), so
+    dP = dO·Vᵀ, dV = Pᵀ·dO, dQ and dK come out in the input dtype: the error budget of a kernel's
+    gradients, as FlashAttention's tests take it.
+    """
+    work = _exact_dtype(q.device, dtype) if upcast else None
+    leaves = [t.detach().to(work).requires_grad_() if upcast else t.detach().clone().requires_grad_()
+              for t in (q, k, v)]
+    with torch.enable_grad():
+        out, lse = attention_ref(*leaves, upcast=upcast, dtype=dtype, **kw)
+        outputs, grads = [out], [dout.detach().to(out.dtype)]
+        if dlse is not None:
+            outputs.append(lse)
+            grads.append(dlse.detach().to(lse.dtype))
+        dq, dk, dv = torch.autograd.grad(outputs, leaves, grads, allow_unused=True)
+    return tuple(torch.zeros_like(t) if g is None else g for g, t in zip((dq, dk, dv), leaves))
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, batch: int | None) -> list[int]:

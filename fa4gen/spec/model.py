@@ -212,8 +212,13 @@ class Pipeline(_Model):
         default="auto", description="K/V shared-memory pipeline stages.",
         json_schema_extra=_int_range(1, 1, 8),
     )
+    bwd_swap_ab: StrictBool | Literal["auto"] = Field(
+        default="auto",
+        description="Backward: compute Sᵀ = K·Qᵀ so Pᵀ and dSᵀ feed dV and dK from registers "
+        "(FA3's layout; head_dim <= 128).",
+    )
 
-    @field_validator("ping_pong", "intra_wg_overlap", mode="wrap")
+    @field_validator("ping_pong", "intra_wg_overlap", "bwd_swap_ab", mode="wrap")
     @classmethod
     def _ping_pong(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:

@@ -1,0 +1,426 @@
+"""Backward without CUDA: the exact reference gradients (`attention_ref_grads`) against a closed-form
+derivation and torch SDPA, and the autograd wiring of a generated package with backward: true.
+
+The wiring tests replace the compiled kernels with CPU stand-ins that follow the kernels' calling
+convention (fa4gen/api/runtime.py ForwardOp.backward) and assert it: the workspaces' shapes, dtypes
+and zeroing, the run-time argument list, and that the backward sees the forward call's scale,
+window and chunk size. Their gradients are the exact reference's, so autograd's result must equal
+the reference computed directly, bit for bit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+
+import pytest
+import torch
+
+import fa4gen
+from fa4gen.api.runtime import LOG2_E
+from fa4gen.reference import attention_ref, attention_ref_grads, error_budget, visible
+
+# --- reference gradients ---------------------------------------------------------------------------
+
+
+def closed_form_grads(q, k, v, dout, dlse, *, scale, causal=False, window=None, chunk=None, softcap=0.0):
+    """dq, dk, dv from the backward's own equations, per (batch, head), in fp64:
+    P = exp(S - lse), dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P ∘ (dP − rowsum(dO ∘ O) + dlse), through the
+    softcap's tanh, dQ = scale·dS·K, dK = scale·dSᵀ·Q; dK and dV summed over a kv head's q heads."""
+    b, s_q, h, _ = q.shape
+    s_k, h_kv = k.shape[1], k.shape[2]
+    group = h // h_kv
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros(b, s_k, h_kv, v.shape[3], dtype=q.dtype)
+    ok = visible(s_q, s_k, causal=causal, window=window, chunk=chunk)
+    for bi in range(b):
+        for hi in range(h):
+            hk = hi // group
+            Q, K, V, dO = q[bi, :, hi], k[bi, :, hk], v[bi, :, hk], dout[bi, :, hi]
+            raw = scale * Q @ K.T
+            t = torch.tanh(raw / softcap) if softcap else None
+            S = (softcap * t if softcap else raw).masked_fill(~ok, -math.inf)
+            lse = torch.logsumexp(S, dim=-1, keepdim=True)
+            P = torch.exp(S - lse.masked_fill(lse == -math.inf, 0.0))
+            O = P @ V
+            dP = dO @ V.T
+            dS = P * (dP - (dO * O).sum(-1, keepdim=True) + dlse[bi, hi][:, None])
+            if softcap:
+                dS = dS * (1 - t * t)
+            dq[bi, :, hi] = scale * dS @ K
+            dk[bi, :, hk] += scale * dS.T @ Q
+            dv[bi, :, hk] += P.T @ dO
+    return dq, dk, dv
+
+
+GRAD_CASES = {
+    "none": dict(s_q=5, s_k=9),
+    "causal": dict(s_q=7, s_k=9, causal=True),
+    "causal_rows_before_keys": dict(s_q=9, s_k=4, causal=True),  # the first rows see no key
+    "window": dict(s_q=7, s_k=9, window=(2, 1)),
+    "window_left_only": dict(s_q=9, s_k=9, window=(3, -1)),
+    "chunked": dict(s_q=7, s_k=9, chunk=3),
+    "softcap": dict(s_q=6, s_k=6, causal=True, softcap=2.0, scale=1.3),
+    "gqa": dict(s_q=5, s_k=7, h=4, h_kv=2, causal=True),
+    "mqa_softcap_window": dict(s_q=6, s_k=8, h=3, h_kv=1, window=(2, 2), softcap=1.5),
+    "head_dim_v": dict(s_q=4, s_k=6, d=12, dv=8, window=(1, 1)),
+    "one_key": dict(s_q=1, s_k=1),
+}
+
+
+def _case(name):
+    c = dict(GRAD_CASES[name])
+    shape = dict(s_q=c.pop("s_q"), s_k=c.pop("s_k"), h=c.pop("h", 2), h_kv=c.pop("h_kv", 2), d=c.pop("d", 16))
+    shape["dv"] = c.pop("dv", shape["d"])
+    scale = c.pop("scale", None)
+    gen = torch.Generator().manual_seed(list(GRAD_CASES).index(name))
+    b = 2
+    q = torch.randn(b, shape["s_q"], shape["h"], shape["d"], generator=gen, dtype=torch.float64) * 2
+    k = torch.randn(b, shape["s_k"], shape["h_kv"], shape["d"], generator=gen, dtype=torch.float64) * 2
+    v = torch.randn(b, shape["s_k"], shape["h_kv"], shape["dv"], generator=gen, dtype=torch.float64)
+    dout = torch.randn(b, shape["s_q"], shape["h"], shape["dv"], generator=gen, dtype=torch.float64)
+    dlse = torch.randn(b, shape["h"], shape["s_q"], generator=gen, dtype=torch.float64)
+    return q, k, v, dout, dlse, scale, c
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES))
+@pytest.mark.parametrize("with_dlse", [False, True])
+def test_reference_grads_match_closed_form(case, with_dlse):
+    q, k, v, dout, dlse, scale, sem = _case(case)
+    grads = attention_ref_grads(q, k, v, dout, dlse=dlse if with_dlse else None, softmax_scale=scale, **sem)
+    want = closed_form_grads(q, k, v, dout, dlse if with_dlse else torch.zeros_like(dlse),
+                             scale=scale if scale is not None else q.shape[-1] ** -0.5, **sem)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+        assert got.dtype == torch.float64 and got.shape == ref.shape, name
+        assert torch.isfinite(got).all(), f"{case} {name}: not finite"
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12, msg=f"{case} {name}")
+    # the LSE gradient is not lost: it changes dq and dk whenever a row sees more than one key
+    if with_dlse and GRAD_CASES[case]["s_k"] > 1:
+        plain = attention_ref_grads(q, k, v, dout, softmax_scale=scale, **sem)
+        assert not torch.allclose(grads[0], plain[0])
+
+
+def test_reference_grads_of_fully_masked_rows_are_zero():
+    q, k, v, dout, dlse, _, sem = _case("causal_rows_before_keys")
+    dq, _, _ = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
+    empty = ~visible(q.shape[1], k.shape[1], **sem).any(dim=1)  # (s_q,)
+    assert empty.any() and (dq[:, empty] == 0).all() and (dq[:, ~empty] != 0).any()
+
+
+@pytest.mark.parametrize("causal, h_kv", [(False, 2), (True, 2), (True, 1), (False, 4)])
+def test_reference_grads_match_torch_sdpa(causal, h_kv):
+    gen = torch.Generator().manual_seed(h_kv + 10 * causal)
+    b, s_q, s_k, h, d = 2, 6, 9, 4, 16
+    q = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, s_k, h_kv, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, s_k, h_kv, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(b, s_q, h, d, generator=gen, dtype=torch.float64)
+    mask = visible(s_q, s_k, causal=causal)  # bottom-right aligned, as SDPA's is_causal is not
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask, enable_gqa=h != h_kv
+    ).transpose(1, 2)
+    want = torch.autograd.grad(out, (q, k, v), dout)
+    got = attention_ref_grads(q, k, v, dout, causal=causal)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_grads_set_a_useful_budget(dtype):
+    """upcast=False: autograd through the input-precision forward; gradients in the input dtype,
+    off the exact ones by a rounding-sized amount (the 2x rule's budget)."""
+    q, k, v, dout, dlse, scale, sem = _case("mqa_softcap_window")
+    low_in = [t.to(dtype) for t in (q, k, v, dout)]
+    exact = attention_ref_grads(*low_in, dlse=dlse.float(), softmax_scale=scale, dtype=torch.float64, **sem)
+    low = attention_ref_grads(*low_in, dlse=dlse.float(), softmax_scale=scale, upcast=False, **sem)
+    eps = torch.finfo(dtype).eps
+    for name, lo, ex in zip(("dq", "dk", "dv"), low, exact):
+        assert lo.dtype == dtype and torch.isfinite(lo).all(), name
+        scale_of = ex.abs().max().item()
+        budget = error_budget(lo, ex)
+        assert 1e-5 < budget < 64 * eps * scale_of, f"{name}: budget {budget:.3g} for values up to {scale_of:.3g}"
+
+
+def test_reference_grads_leave_inputs_alone():
+    q, k, v, dout, _, _, _ = _case("none")
+    q.requires_grad_()
+    with torch.no_grad():
+        grads = attention_ref_grads(q, k, v, dout)
+    assert q.grad is None and all(g.requires_grad is False for g in grads)
+
+
+# --- a generated package with backward: true, its kernels replaced by CPU stand-ins -----------------
+
+@pytest.fixture
+def build_pkg(tmp_path, monkeypatch):
+    """fa4gen.build of a backward spec into a temporary cache (rendered, never compiled here)."""
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    before = set(sys.modules)
+    yield lambda **spec: fa4gen.build(dict(targets=["sm90"], backward=True, **spec))
+    for mod in set(sys.modules) - before:
+        if mod.startswith("fa4gen_pkg_"):
+            del sys.modules[mod]
+
+
+SPECS = {
+    # every optional kernel argument: softcap, window, dK/dV accumulators, both semaphores
+    "local": dict(name="bwd_local", dtype="bf16", head_dim=32, mask={"kind": "sliding_window", "left": 6, "right": 2},
+                  softcap=5.0, allow_gqa=True, deterministic=True, return_lse=True),
+    # the fewest: no softcap, no accumulators, no semaphores; a run-time chunk size
+    "chunked": dict(name="bwd_chunked", dtype="fp16", head_dim=32, mask={"kind": "chunked", "chunk_size": 4},
+                    allow_gqa=False),
+    "causal": dict(name="bwd_causal", dtype="bf16", head_dim=32, mask={"kind": "causal"}, allow_gqa=True),
+}
+
+
+class FakeKernels:
+    """The compiled forward and backward, in Python on the CPU, asserting the calling convention."""
+
+    def __init__(self, op):
+        self.op = op
+        self.fwd_plan, self.plan = op.plans["sm90"], op.bwd_plans["sm90"]
+        self.calls: list[dict] = []
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(self.op, "_check_devices", lambda device, named: None)
+        monkeypatch.setattr(self.op, "arch_for", lambda device: "sm90")
+        monkeypatch.setattr(self.op, "_launch", lambda fn, device, args: fn(*args))
+        monkeypatch.setattr(self.op, "function", lambda arch: self.forward)
+        monkeypatch.setattr(self.op, "backward_function", lambda arch: self.backward)
+        return self
+
+    def _semantics(self, args: list, *, backward: bool) -> dict:
+        plan, args = self.plan, list(args)
+        scale_log2 = args.pop(0)
+        if plan["softcap"] > 0:
+            scale = args.pop(0) * plan["softcap"]
+            assert scale_log2 == pytest.approx(plan["softcap"] * LOG2_E)
+        else:
+            scale = scale_log2 / LOG2_E
+        sem: dict = dict(softmax_scale=scale, softcap=plan["softcap"])
+        if backward:
+            assert args.pop(0) == pytest.approx(scale), "grad_scale must be the softmax scale"
+        if plan["local"]:
+            sem["window"] = (args.pop(0), args.pop(0))
+        elif plan["chunked"]:
+            sem["chunk"] = args.pop(0)
+        else:
+            sem["causal"] = plan["causal"]
+        assert not args, f"unexpected run-time arguments {args}"
+        return sem
+
+    def forward(self, q, k, v, out, lse, *args):
+        sem = self._semantics(args, backward=False)
+        o, l = attention_ref(q, k, v, **sem)
+        out.copy_(o)
+        lse.copy_(l)
+
+    def backward(self, *a):
+        plan = self.plan
+        n = 13 + 2 * plan["dkv_accum"] + plan["deterministic"] + (plan["deterministic"] and plan["dkv_accum"])
+        tensors, args = a[:n], a[n:]
+        q, k, v, out, dout, lse, dlse, dq, dk, dv, lse_log2, dpsum, dq_accum = tensors[:13]
+        extra = list(tensors[13:])
+        b, s_q, h, d = q.shape
+        s_k, h_kv, d_v = k.shape[1], k.shape[2], v.shape[3]
+        dtype = q.dtype
+        assert (out.shape, dout.shape, out.dtype, dout.dtype) == ((b, s_q, h, d_v),) * 2 + (dtype,) * 2
+        assert dout.is_contiguous() and dlse.is_contiguous()
+        for t in (lse, dlse, lse_log2, dpsum):
+            assert t.shape == (b, h, s_q) and t.dtype == torch.float32
+        for t, like in ((dq, q), (dk, k), (dv, v)):
+            assert t.shape == like.shape and t.dtype == dtype and t.is_contiguous()
+        assert dq_accum.shape == (b, s_q, h, d) and dq_accum.dtype == torch.float32 and not dq_accum.any()
+        if plan["dkv_accum"]:
+            dk_accum, dv_accum = extra.pop(0), extra.pop(0)
+            assert dk_accum.shape == (b, s_k, h_kv, d) and dv_accum.shape == (b, s_k, h_kv, d_v)
+            assert dk_accum.dtype == dv_accum.dtype == torch.float32 and not dk_accum.any() and not dv_accum.any()
+        if plan["deterministic"]:
+            sem_dq = extra.pop(0)
+            assert sem_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and sem_dq.dtype == torch.int32
+            assert not sem_dq.any()
+            if plan["dkv_accum"]:
+                sem_dkv = extra.pop(0)
+                assert sem_dkv.shape == (b, h_kv, math.ceil(s_k / plan["tile_n"])) and sem_dkv.dtype == torch.int32
+                assert not sem_dkv.any()
+        sem = self._semantics(args, backward=True)
+        torch.testing.assert_close(lse, attention_ref(q, k, v, **sem)[1].float(), msg="the forward's LSE")
+        for t, g in zip((dq, dk, dv), attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)):
+            t.copy_(g)
+        self.calls.append(dict(sem=sem, dlse=dlse.clone(), dout=dout.clone()))
+
+
+def _inputs(pkg, b=2, s_q=9, s_k=11, h=4, h_kv=2, seed=0):
+    plan = pkg._forward.plans["sm90"]
+    dtype = getattr(torch, plan["torch_dtype"])
+    if not plan["allow_gqa"]:
+        h_kv = h
+    gen = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=gen).to(dtype).requires_grad_()  # noqa: E731
+    return mk(b, s_q, h, plan["head_dim"]), mk(b, s_k, h_kv, plan["head_dim"]), mk(b, s_k, h_kv, plan["head_dim_v"])
+
+
+def _ref_grads(q, k, v, dout, dlse=None, **sem):
+    return [g.to(q.dtype) for g in attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)]
+
+
+def _assert_grads(tensors, want, where=""):
+    for name, t, w in zip(("q", "k", "v"), tensors, want):
+        if w is None:
+            assert t.grad is None, f"{where}: {name}.grad should be None"
+            continue
+        assert t.grad is not None and t.grad.dtype == t.dtype, f"{where}: {name}.grad"
+        torch.testing.assert_close(t.grad, w, rtol=0, atol=0, msg=f"{where}: {name}.grad")
+
+
+def test_backward_package_api(build_pkg):
+    pkg = build_pkg(**SPECS["local"])
+    assert pkg._forward.bwd_plans["sm90"]["direction"] == "bwd"
+    params = inspect.signature(pkg.attention).parameters
+    assert list(params) == ["q", "k", "v", "softmax_scale", "window", "return_lse", "out"]
+    doc = pkg.attention.__doc__
+    assert ".backward()" in doc and "softmax_scale and window" in doc and "deterministic: true" in doc
+    assert "sm90 bwd" in pkg.__doc__
+
+
+def test_autograd_matches_reference_with_every_kernel_argument(build_pkg, monkeypatch):
+    """Softcap, a run-time window and softmax_scale, GQA, deterministic: the backward gets the
+    forward call's arguments, and the LSE's gradient reaches it."""
+    pkg = build_pkg(**SPECS["local"])
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg)
+    out, lse = pkg.attention(q, k, v, softmax_scale=0.3, window=(5, 1), return_lse=True)
+    assert out.requires_grad and lse.requires_grad and lse.dtype == torch.float32
+    gen = torch.Generator().manual_seed(1)
+    dout = torch.randn(out.shape, generator=gen).to(out.dtype)
+    dlse = torch.randn(lse.shape, generator=gen)
+    ((out.float() * dout.float()).sum() + (lse * dlse).sum()).backward()
+    assert len(fake.calls) == 1
+    sem = dict(softmax_scale=0.3, softcap=5.0, window=(5, 1))
+    got = fake.calls[0]["sem"]
+    assert got["window"] == (5, 1) and got["softmax_scale"] == pytest.approx(0.3) and got["softcap"] == 5.0
+    assert torch.equal(fake.calls[0]["dlse"], dlse)
+    _assert_grads((q, k, v), _ref_grads(q, k, v, dout, dlse, **sem))
+
+
+def test_lse_gradient_alone_and_zero_when_unused(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["local"])
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg, seed=3)
+    _, lse = pkg.attention(q, k, v, return_lse=True)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(4))
+    (lse * dlse).sum().backward()  # out's gradient is None: the kernel gets a zero dout
+    assert not fake.calls[0]["dout"].any()
+    _assert_grads((q, k, v), _ref_grads(q, k, v, torch.zeros_like(fake.calls[0]["dout"]), dlse, window=(6, 2),
+                                        softcap=5.0))
+    for t in (q, k, v):
+        t.grad = None
+    out = pkg.attention(q, k, v)  # return_lse=False: the kernel gets a zero dlse
+    out.float().sum().backward()  # stride-0 dout, copied to a contiguous one
+    assert not fake.calls[1]["dlse"].any()
+    _assert_grads((q, k, v), _ref_grads(q, k, v, torch.ones_like(out), window=(6, 2), softcap=5.0))
+
+
+def test_chunked_spec_reuses_the_call_chunk_size(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["chunked"])
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg, s_q=13, s_k=13, seed=5)
+    out = pkg.attention(q, k, v, chunk_size=3)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(6)).to(out.dtype)
+    out.backward(dout)
+    assert fake.calls[0]["sem"]["chunk"] == 3
+    _assert_grads((q, k, v), _ref_grads(q, k, v, dout, chunk=3))
+
+
+def test_only_inputs_that_require_grad_get_one(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["causal"])
+    FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg, seed=7)
+    k, v = k.detach(), v.detach()
+    out = pkg.attention(q, k, v)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(8)).to(out.dtype)
+    out.backward(dout)
+    want = _ref_grads(q, k, v, dout, causal=True)
+    _assert_grads((q, k, v), [want[0], None, None])
+
+
+@pytest.mark.parametrize("s_q, s_k", [(9, 0), (0, 9)])
+def test_empty_sequences_give_zero_grads_without_a_launch(build_pkg, monkeypatch, s_q, s_k):
+    pkg = build_pkg(**SPECS["causal"])
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    monkeypatch.setattr(pkg._forward, "function", lambda arch: pytest.fail("forward launched"))
+    q, k, v = _inputs(pkg, s_q=s_q, s_k=s_k)
+    out, lse = pkg.attention(q, k, v, return_lse=True)
+    (out.float().sum() + lse.masked_fill(lse.isinf(), 0).sum()).backward()
+    assert not fake.calls
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and not t.grad.any()
+
+
+def test_no_grad_and_detached_calls_skip_autograd(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["causal"])
+    FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg)
+    with torch.no_grad():
+        assert not pkg.attention(q, k, v).requires_grad
+    assert not pkg.attention(q.detach(), k.detach(), v.detach()).requires_grad
+
+
+def test_out_is_refused_with_autograd(build_pkg):
+    pkg = build_pkg(**SPECS["causal"])
+    q, k, v = _inputs(pkg)
+    out = torch.empty(*q.shape[:3], 32, dtype=q.dtype)
+    with pytest.raises(RuntimeError, match="^out: out= does not support autograd"):
+        pkg.attention(q, k, v, out=out)
+
+
+def test_cpu_tensors_are_refused_before_anything_runs(build_pkg):
+    """Without the stand-ins: a backward spec's attention on CPU tensors that require grad fails on
+    the device check (not the no-backward error), and so does calling its backward directly."""
+    pkg = build_pkg(**SPECS["local"])
+    q, k, v = _inputs(pkg)
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor, got device cpu"):
+        pkg.attention(q, k, v)
+    out = torch.zeros(*q.shape[:3], 32, dtype=q.dtype)
+    lse = torch.zeros(q.shape[0], q.shape[2], q.shape[1])
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor, got device cpu"):
+        pkg._forward.backward(q.detach(), k.detach(), v.detach(), out, torch.ones_like(out), lse)
+
+
+@pytest.mark.parametrize("bad, kind, message", [
+    (lambda out, lse: out[:, :-1], ValueError, r"^dout: expected shape \(2, 9, 4, 32\)"),
+    (lambda out, lse: out.float(), TypeError, "^dout: expected dtype torch.bfloat16"),
+    (lambda out, lse: [[1.0]], TypeError, "^dout: expected a torch.Tensor or None, got list"),
+])
+def test_bad_dout_is_named(build_pkg, monkeypatch, bad, kind, message):
+    pkg = build_pkg(**SPECS["local"])
+    FakeKernels(pkg._forward).install(monkeypatch)
+    monkeypatch.setattr(pkg._forward, "backward_function", lambda arch: pytest.fail("launched"))
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    out, lse = pkg.attention(q, k, v, return_lse=True)
+    with pytest.raises(kind, match=message):
+        pkg._forward.backward(q, k, v, out, bad(torch.ones_like(out), lse), lse)
+    with pytest.raises(ValueError, match=r"^dlse: expected shape \(2, 4, 9\)"):
+        pkg._forward.backward(q, k, v, out, torch.ones_like(out), lse, lse[:, :1])
+
+
+def test_arch_without_backward_kernel_fails_at_backward_time(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    FakeKernels(op).install(monkeypatch)
+    monkeypatch.setitem(op.plans, "sm100", dict(op.plans["sm90"], arch="sm100"))
+    monkeypatch.setattr(op, "arch_for", lambda device: "sm100")
+    q, k, v = _inputs(pkg)
+    out = pkg.attention(q, k, v)  # the forward exists for this arch
+    with pytest.raises(RuntimeError, match=r"bwd_causal: no backward kernel for sm100 .*\['sm90'\]"):
+        out.float().sum().backward()
+
+
+def test_double_backward_is_refused(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["causal"])
+    FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg)
+    out = pkg.attention(q, k, v)
+    (dq,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+        dq.float().sum().backward()

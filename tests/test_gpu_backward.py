@@ -1,0 +1,166 @@
+"""GPU numerics of the SM90 backward through autograd (skipped without a Hopper GPU).
+
+Tolerance rule (FlashAttention's, as for the forward): each of dq, dk, dv may be at most 2x as far
+from the fp32 reference gradients as the gradients of the same attention computed in the input
+precision (autograd through bf16/fp16 matmuls with P rounded, `attention_ref_grads(upcast=False)`),
+plus an atol. The gradient buffers are poisoned through the caching allocator (NaN-filled blocks of
+their sizes freed just before the backward), so elements the kernels leave unwritten fail.
+
+Every spec below costs a forward and a backward compile, so each one serves several cases: head
+dims 64/128/256 and (192, 128), bf16 and fp16, every mask kind with run-time window / chunk size,
+softcap, MHA/GQA/MQA, seqlens 1, odd and unequal, the LSE's gradient, a transposed (BHSD) q, and
+the deterministic mode's bitwise reproducibility.
+"""
+
+import zlib
+
+import pytest
+import torch
+
+import fa4gen
+from fa4gen.reference import attention_ref_grads, error_budget
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm90) GPU")]
+
+SPECS = {
+    "gb_bf16_d128_causal_gqa": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"}),
+    "gb_fp16_d64_none_mha": dict(dtype="fp16", head_dim=64, allow_gqa=False),
+    "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
+    "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
+                                             mask={"kind": "chunked", "chunk_size": 96}),
+    "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
+    "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
+                                               deterministic=True, allow_gqa=False),
+}
+SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
+    (2, 128, 128, 4, 4),
+    (1, 113, 203, 4, 2),
+    (1, 255, 1000, 4, 1),
+    (3, 1, 1, 2, 2),
+    (1, 1000, 255, 2, 2),  # causal: the first 745 rows see no key
+    (1, 300, 300, 6, 3),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_built: dict = {}
+
+
+def _package(name):
+    if name not in _built:
+        _built[name] = fa4gen.build(dict(name=name, targets=["sm90"], backward=True, **SPECS[name]))
+    return _built[name]
+
+
+def _resolved(name):
+    return dict(SPECS[name], mask=SPECS[name].get("mask", {"kind": "none"}))
+
+
+def _semantics(spec, window, chunk):
+    mask = spec["mask"]
+    sem = dict(softcap=spec.get("softcap", 0.0))
+    if mask["kind"] == "sliding_window":
+        sem["window"] = window or (mask["left"], mask["right"])
+    elif mask["kind"] == "chunked":
+        sem["chunk"] = chunk or mask["chunk_size"]
+    else:
+        sem["causal"] = mask["kind"] == "causal"
+    return sem
+
+
+def _budget(low, ref, softcap):
+    # atol: fp32 summation-order noise where both references are exact (a single visible key gives
+    # dS = 0 in both) and, with softcap, the tanh approximation (FlashAttention's tests add 3e-4)
+    return error_budget(low, ref, atol=1e-4 + (3e-4 if softcap else 0.0))
+
+
+def _poison(*tensors):
+    """NaN-filled blocks of these tensors' sizes, freed: the caching allocator hands them to the
+    backward's dq, dk, dv allocations."""
+    junk = [torch.full_like(t, float("nan")) for t in tensors]
+    del junk
+
+
+def _inputs(spec, b, s_q, s_k, h, h_kv, gen, *, bhsd_q=False):
+    dtype = DTYPES[spec["dtype"]]
+    d, dv = spec["head_dim"], spec.get("head_dim_v", spec["head_dim"])
+    if not spec.get("allow_gqa", True):
+        h_kv = h
+    if bhsd_q:  # q as a transposed view of a (b, h, s, d) tensor: strided, last dim contiguous
+        q = torch.randn(b, h, s_q, d, device="cuda", dtype=dtype, generator=gen).transpose(1, 2)
+    else:
+        q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_backward_matches_reference(name):
+    pkg, spec = _package(name), _resolved(name)
+    kind = spec["mask"]["kind"]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
+    for i, (b, s_q, s_k, h, h_kv) in enumerate(SHAPES):
+        kwargs = {}
+        if i % 2 and kind == "sliding_window":
+            kwargs["window"] = (37, 5)
+        if i % 2 and kind == "chunked":
+            kwargs["chunk_size"] = 64
+        q, k, v = _inputs(spec, b, s_q, s_k, h, h_kv, gen, bhsd_q=i == 1)
+        out, lse = pkg.attention(q, k, v, return_lse=True, **kwargs)
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        dlse = torch.randn(lse.shape, device="cuda", generator=gen) if i % 2 else None  # the LSE's gradient
+        outputs, grads = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
+        _poison(q, k, v)
+        torch.autograd.backward(outputs, grads)
+        torch.cuda.synchronize()
+        sem = _semantics(spec, kwargs.get("window"), kwargs.get("chunk_size"))
+        ref = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
+        low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, **sem)
+        where = f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs} dlse={dlse is not None}"
+        for g_name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+            g = t.grad
+            assert g is not None and g.shape == t.shape and g.dtype == t.dtype, f"{where}: {g_name}"
+            assert torch.isfinite(g).all(), f"{where}: {g_name} has unwritten or non-finite elements"
+            err = (g.float() - r).abs().max().item()
+            budget = _budget(lo, r, sem["softcap"])
+            assert err <= budget, f"{where}: {g_name} max error {err:.3g} > budget {budget:.3g}"
+
+
+def test_stride_zero_output_gradient_and_partial_requires_grad():
+    """out.sum().backward() hands the backward a stride-0 dout; only q requires grad here."""
+    name = "gb_bf16_d128_causal_gqa"
+    pkg, spec = _package(name), _resolved(name)
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = _inputs(spec, 2, 200, 333, 4, 2, gen)
+    k, v = k.detach(), v.detach()
+    pkg.attention(q, k, v).sum().backward()
+    assert k.grad is None and v.grad is None
+    dout = torch.ones(2, 200, 4, 128, device="cuda", dtype=torch.bfloat16)
+    ref = attention_ref_grads(q, k, v, dout, causal=True)[0]
+    low = attention_ref_grads(q, k, v, dout, causal=True, upcast=False)[0]
+    err = (q.grad.float() - ref).abs().max().item()
+    assert err <= _budget(low, ref, 0.0), f"dq max error {err:.3g}"
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("gb_bf16_d128_none_det_gqa", (2, 1000, 1000, 8, 2)),  # dQ and the GQA dK/dV through semaphores
+    ("gb_bf16_d64_causal_softcap_det_mha", (2, 777, 1024, 4, 4)),  # dQ through semaphores
+])
+def test_deterministic_backward_is_bitwise_reproducible(name, shape):
+    pkg, spec = _package(name), _resolved(name)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = _inputs(spec, *shape, gen)
+    out, lse = pkg.attention(q, k, v, return_lse=True)
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+    dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+    runs = [torch.autograd.grad([out, lse], [q, k, v], [dout, dlse], retain_graph=True) for _ in range(10)]
+    torch.cuda.synchronize()
+    for i, grads in enumerate(runs[1:], 1):
+        for g_name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
+            assert torch.equal(first, again), f"{name}: {g_name} of run {i} differs from run 0"
+    sem = _semantics(spec, None, None)
+    ref = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
+    low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, **sem)
+    for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
+        err = (g.float() - r).abs().max().item()
+        assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
