@@ -37,13 +37,13 @@ SPECS = {
 }
 BENCH = {f"p{d}{'c' if c else ''}": dict(head_dim=d, allow_gqa=False, **({"mask": {"kind": "causal"}} if c else {}))
          for d in (64, 128, 256) for c in (False, True)}
-BENCH.update({f"{k}s": dict(v, pipeline={"bwd_swap_ab": True}) for k, v in list(BENCH.items()) if "256" not in k})
+BENCH_SWAP = {f"{k}s": dict(v, pipeline={"bwd_swap_ab": True}) for k, v in list(BENCH.items()) if "256" not in k}
 SHAPES = [(1, 1, 1, 2, 2), (2, 113, 255, 4, 2), (1, 1000, 1000, 2, 1), (1, 384, 128, 2, 2), (1, 200, 701, 3, 3)]
 
 
 def spec_dict(name: str) -> dict:
     spec = dict(name=name, targets=["sm90"], dtype="bf16", backward=True)
-    spec.update(SPECS[name] if name in SPECS else BENCH[name])
+    spec.update({**SPECS, **BENCH, **BENCH_SWAP}[name])
     return spec
 
 
@@ -61,14 +61,14 @@ def median_ms(fn, reps=30):
     return sorted(times)[len(times) // 2]
 
 
-def bench(root: Path, seqlens=(2048, 16384)) -> list[dict]:
+def bench(root: Path, names, seqlens=(2048, 16384)) -> list[dict]:
     """bwd TFLOP/s (2.5 x fwd FLOPs) of the generated kernel vs flash-attn-4, same process."""
     try:
         from flash_attn.cute.interface import flash_attn_func
     except Exception:  # noqa: BLE001
         flash_attn_func = None
     rows = []
-    for name in BENCH:
+    for name in names:
         pkg = build_module(spec_dict(name), out_dir=root)
         pkg_dir = Path(pkg.__file__).parent
         lock = json.loads((pkg_dir / "spec.lock.json").read_text())
@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", default=None, help="comma-separated spec names")
     ap.add_argument("--bench", action="store_true", help="also time the backward against flash-attn-4")
+    ap.add_argument("--swap", action="store_true", help="bench also the pipeline.bwd_swap_ab variants")
     a = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp())
     names = a.only.split(",") if a.only else list(SPECS)
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
             print(f"{'ok ' if good else 'BAD'} {name:7s} {str(shape):22s} {line}" + ("" if same is None else f" det={same}")
                   + f"  (compile {ct:.1f}s)")
             results.append(dict(spec=name, shape=shape, rows=rows, deterministic_same=same))
-    perf = bench(root) if a.bench else []
+    perf = bench(root, names=list(BENCH) + (list(BENCH_SWAP) if a.swap else [])) if a.bench else []
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bwd_smoke.json").write_text(json.dumps(dict(checks=results, bench=perf), indent=1))

@@ -136,21 +136,26 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
 
 # Backward: one CTA per (key block, q head, batch); two consumer warpgroups of 64 query rows each split
 # S/dP and dQ by columns and dK/dV by key rows (tile_n 128) or by head-dim columns (tile_n 64).
-BWD_TILE_M = 64
 REGS_BWD_OVERHEAD = 16
 
 
-def _bwd_smem(spec: AttentionSpec, tile_n: int, swap: bool, q_stages: int, do_stages: int, pds_stages: int) -> int:
+def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stages: int, do_stages: int,
+              pds_stages: int, dq_buffers: int) -> int:
     d, dv, elem = spec.head_dim, spec.head_dim_v, 2
     pds_buffers = 1 if swap else 2  # with Sᵀ, P stays in registers: only dS in smem
     return (
-        q_stages * BWD_TILE_M * d * elem  # Q
-        + do_stages * BWD_TILE_M * dv * elem  # dO
+        q_stages * tile_m * d * elem  # Q
+        + do_stages * tile_m * dv * elem  # dO
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
-        + pds_stages * pds_buffers * BWD_TILE_M * tile_n * elem  # (P,) dS
-        + BWD_TILE_M * d * 4  # dQ tile in fp32, reduced into global memory by TMA
+        + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
+        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ tiles in fp32, reduced by TMA
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
+
+
+def _dq_cols(d: int, tile_m: int) -> int:
+    """Columns of one warpgroup's dQ tile: all of them when the warpgroups split dQ by rows (tile_m 128)."""
+    return d if tile_m == 128 else d // 2
 
 
 def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
@@ -171,6 +176,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # dPᵀ (keys as WGMMA rows), so each warpgroup holds the Pᵀ/dSᵀ rows its dV/dK rows need: they feed
     # those GEMMs from registers (FA3's choice), and only dS goes through shared memory (for dQ).
     tile_n = 128 if max(d, dv) <= 128 else 64
+    # head dims <= 64 leave room for 128 query rows per step (64 per warpgroup: S, dP and dQ split by
+    # rows), which halves the per-step overheads and the smem traffic per flop (FA3 does the same)
+    tile_m = 128 if max(d, dv) <= 64 and spec.pipeline.bwd_swap_ab is not True else 64
     # Sᵀ with P/dS in registers is opt-in: on the H200 it measured slower than S with P and dS through
     # shared memory (d64 0.61-0.83x vs 0.76-1.03x flash-attn-4, d128 0.81-1.24x vs 0.88-1.18x; docs/PERF.md)
     swap = spec.pipeline.bwd_swap_ab is True
@@ -179,15 +187,19 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "pipeline.bwd_swap_ab", f"Sᵀ in registers needs 64 key rows per warpgroup, i.e. head dims <= 128 "
             f"(got {d}/{dv})",
         ))
+    # GQA dK/dV leave through the dQ buffers: a warpgroup's fp32 share (64 rows x d, or d/2 with tile_n 64)
+    accum_bytes = 64 * max(d, dv) // (1 if tile_n == 128 else 2) * 4 if spec.allow_gqa else 0
     stages = next(
-        (s for s in ((2, 2, 2), (2, 2, 1), (2, 1, 1), (1, 1, 2), (1, 1, 1))
-         if _bwd_smem(spec, tile_n, swap, *s) <= SMEM_BUDGET),
-        (1, 1, 1),
+        (s for s in ((2, 2, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1), (2, 1, 2, 2), (2, 1, 2, 1), (2, 2, 1, 1), (2, 1, 1, 1),
+                     (1, 1, 2, 2), (1, 1, 1, 2), (1, 1, 1, 1))
+         if _bwd_smem(spec, tile_m, tile_n, swap, *s) <= SMEM_BUDGET
+         and s[3] * 64 * _dq_cols(d, tile_m) * 4 >= accum_bytes),
+        (1, 1, 1, 2),
     )
-    smem = _bwd_smem(spec, tile_n, swap, *stages)
+    smem = _bwd_smem(spec, tile_m, tile_n, swap, *stages)
     # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
     # bound: ptxas decides, and the SASS tests check that no backward kernel spills
-    regs = (tile_n * (d + dv) + 2 * BWD_TILE_M * tile_n) // 256 + (BWD_TILE_M // 2 if swap else 4) + REGS_BWD_OVERHEAD
+    regs = (tile_n * (d + dv) + 2 * tile_m * tile_n) // 256 + (tile_m // 2 if swap else 4) + REGS_BWD_OVERHEAD
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
         Budget("consumer registers per thread (estimate)", regs, REGS_CONSUMER[2], "regs"),
@@ -202,10 +214,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         raise PlanError(f"{spec.name} [sm90 backward]", problems)
     every, share, fit = poly_choice(spec, tile_n, [])
     cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
-    q_stages, do_stages, pds_stages = stages
+    q_stages, do_stages, pds_stages, dq_buffers = stages
     notes = [
-        f"backward tiles: {BWD_TILE_M} query rows x {tile_n} keys per step; stages Q {q_stages}, dO {do_stages}, "
-        f"{'dS' if swap else 'P/dS'} {pds_stages} (the most that fit {SMEM_BUDGET} bytes)",
+        f"backward tiles: {tile_m} query rows x {tile_n} keys per step; stages Q {q_stages}, dO {do_stages}, "
+        f"{'dS' if swap else 'P/dS'} {pds_stages}, dQ buffers {dq_buffers} (the most that fit {SMEM_BUDGET} bytes)",
         "Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" if swap else
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
         "dQ: fp32 tiles reduced into global memory by TMA (cp.reduce.async.bulk), converted by the postprocess",
@@ -229,7 +241,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         torch_dtype=torch_dtype,
         head_dim=d,
         head_dim_v=dv,
-        tile_m=BWD_TILE_M,
+        tile_m=tile_m,
         tile_n=tile_n,
         kv_stages=1,
         num_mma_warpgroups=2,
@@ -246,6 +258,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         q_stages=q_stages,
         do_stages=do_stages,
         pds_stages=pds_stages,
+        dq_buffers=dq_buffers,
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
         smem_bytes=smem,

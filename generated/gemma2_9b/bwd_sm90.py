@@ -34,7 +34,7 @@ HEAD_DIM = 256
 HEAD_DIM_V = 256
 TILE_M = 64
 TILE_N = 64
-Q_STAGES = 1
+Q_STAGES = 2
 DO_STAGES = 1
 PDS_STAGES = 2
 THREADS = 384
@@ -44,13 +44,18 @@ REGS_CONSUMER = 240
 # TILE_N is 128, by head-dim columns when it is 64.
 DKV_SPLIT = 2
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
+# S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
+ROW_SPLIT = TILE_M == 128
+SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
+DQ_ATOMS, DQ_N = ((2, 1, 1), HEAD_DIM) if ROW_SPLIT else ((1, 2, 1), HEAD_DIM // 2)
 MASK = dict(causal=False, local=True, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
-DQ_FULL_BARRIER = 3  # consumers -> dQ warp: the dQ tile is in shared memory
-DQ_EMPTY_BARRIER = 4  # dQ warp -> consumers: the previous dQ tile has been read out
-DQ_HANDOFF = CONSUMERS + 32
+DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
+DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
+DQ_HANDOFF = 128 + 32
+DQ_BUFS = 1  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns
 
 
 def _smem_layout(dtype, rows: int, cols: int, major: int, stages: int):
@@ -60,6 +65,16 @@ def _smem_layout(dtype, rows: int, cols: int, major: int, stages: int):
         sm90_utils.get_smem_layout_atom(sm90_utils.LayoutEnum.ROW_MAJOR, dtype, major), dtype
     )
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def _wg_tiles(buf: cute.Tensor, by_rows: bool, rows: int, cols: int) -> cute.Tensor:
+    """A (rows, cols) view in which each warpgroup's share of a 2-warpgroup tile (64 rows each when
+    `by_rows`, else cols/2 columns each) lands on the same (64, cols or cols/2) buffer."""
+    if by_rows:
+        tiler = (cute.make_layout((64, 2), stride=(1, 0)), cute.make_layout(cols))
+    else:
+        tiler = (cute.make_layout(rows), cute.make_layout((cols // 2, 2), stride=(1, 0)))
+    return cute.make_tensor(buf.iterator, cute.composition(buf.layout, tiler))
 
 
 def _qk(t: cute.Tensor) -> cute.Tensor:
@@ -115,21 +130,21 @@ class FlashBwdSm90:
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mdKacc, mdVacc)
         ]
         K_MAJOR, MN_MAJOR = OperandMajorMode.K, OperandMajorMode.MN
-        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, (1, 2, 1), (64, TILE_N // 2))
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, SDP_ATOMS, (64, SDP_N))
         tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM // DKV_SPLIT)
         )
         tiled_mma_dv = sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM_V // DKV_SPLIT)
         )
-        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, (1, 2, 1), (64, HEAD_DIM // 2))
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, DQ_ATOMS, (64, DQ_N))
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, HEAD_DIM // 2, 1)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, DQ_N, 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_M, TILE_N, 64, PDS_STAGES)
-        sdQ_layout = _smem_layout(Float32, TILE_M, HEAD_DIM, HEAD_DIM // 2, 1)
+        sdQ_layout = _smem_layout(Float32, 64, DQ_N, DQ_N, DQ_BUFS)  # one warpgroup's dQ per buffer
         load = cpasync.CopyBulkTensorTileG2SOp()
         stage0 = (None, None, 0)
         tma_q, mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, stage0), (TILE_M, HEAD_DIM))
@@ -137,13 +152,19 @@ class FlashBwdSm90:
         tma_k, mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
         tma_v, mV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(sV_layout, stage0), (TILE_N, HEAD_DIM_V))
         tma_dq, mdQacc = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, cute.slice_(sdQ_layout, stage0), (TILE_M, HEAD_DIM)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, cute.slice_(sdQ_layout, stage0), (64, DQ_N)
         )
         # GQA: 64-key-row fp32 tiles of dK and dV go through the dQ buffer into the group's accumulators
-        sdVacc_layout = _smem_layout(Float32, 64, HEAD_DIM_V, HEAD_DIM_V // 2, 1)
+        # (a warpgroup's share: 64 key rows x all columns, or 64 rows x half the columns)
+        sdKacc_layout = _smem_layout(Float32, 64, HEAD_DIM // DKV_SPLIT, HEAD_DIM // DKV_SPLIT, 1)
+        sdVacc_layout = _smem_layout(Float32, 64, HEAD_DIM_V // DKV_SPLIT, HEAD_DIM_V // DKV_SPLIT, 1)
         reduce = cpasync.CopyReduceBulkTensorTileS2GOp()
-        tma_dk, mdKacc = cpasync.make_tiled_tma_atom(reduce, mdKacc, cute.slice_(sdQ_layout, stage0), (64, HEAD_DIM))
-        tma_dv, mdVacc = cpasync.make_tiled_tma_atom(reduce, mdVacc, cute.slice_(sdVacc_layout, stage0), (64, HEAD_DIM_V))
+        tma_dk, mdKacc = cpasync.make_tiled_tma_atom(
+            reduce, mdKacc, cute.slice_(sdKacc_layout, stage0), (64, HEAD_DIM // DKV_SPLIT)
+        )
+        tma_dv, mdVacc = cpasync.make_tiled_tma_atom(
+            reduce, mdVacc, cute.slice_(sdVacc_layout, stage0), (64, HEAD_DIM_V // DKV_SPLIT)
+        )
         self.q_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sQ_layout, stage0))
         self.do_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sdO_layout, stage0))
         self.kv_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sK_layout, stage0)) + cute.size_in_bytes(
@@ -167,7 +188,7 @@ class FlashBwdSm90:
         grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dq, mdQacc,
-            tma_dk, mdKacc, tma_dv, mdVacc, sdVacc_layout,
+            tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
             mLSE2, mD, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
             scale_log2, softcap_pre, grad_scale, window_left, window_right,
@@ -179,7 +200,7 @@ class FlashBwdSm90:
         tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
         tma_dq: cute.CopyAtom, mdQacc: cute.Tensor,
         tma_dk: cute.CopyAtom, mdKacc: cute.Tensor, tma_dv: cute.CopyAtom, mdVacc: cute.Tensor,
-        sdVacc_layout: cute.ComposedLayout,
+        sdKacc_layout: cute.ComposedLayout, sdVacc_layout: cute.ComposedLayout,
         mLSE2: cute.Tensor, mD: cute.Tensor,
         tiled_mma_sdp: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
@@ -246,19 +267,27 @@ class FlashBwdSm90:
                     do_state.advance()
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tile into the fp32 accumulator (TMA reduce-add)
-                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (TILE_M, HEAD_DIM), (None, 0))
+                # one (64, DQ_N) tile per warpgroup and query block
+                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (64, DQ_N), (None, None))
                 tdQsdQ, tdQgdQ = hopper.tma_split(tma_dq, sdQ, gdQ)
                 cpasync.prefetch_descriptor(tma_dq)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
-                    cute.copy(tma_dq, tdQsdQ[None, 0], tdQgdQ[None, m_block])
-                    cute.arch.cp_async_bulk_commit_group()
+                    for w in cutlass.range_constexpr(2):
+                        # the buffer warpgroup w writes next has been read out (its previous reduce)
+                        cute.arch.cp_async_bulk_wait_group(DQ_BUFS - 1, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        if cutlass.const_expr(ROW_SPLIT):
+                            tile = tdQgdQ[None, m_block * 2 + w, 0]
+                        else:
+                            tile = tdQgdQ[None, m_block, w]
+                        cute.copy(tma_dq, tdQsdQ[None, w % DQ_BUFS], tile)
+                        cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
-                # the epilogue reuses the dQ buffer: hand it over once the last tile is read out
-                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
+                # the epilogue reuses the dQ buffers: hand them over once the last tiles are read out
+                for w in cutlass.range_constexpr(2):
+                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
@@ -309,7 +338,8 @@ class FlashBwdSm90:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             )
             thr_copy_dq = copy_dq.get_slice(tidx_c)
-            tdQsdQ_w = thr_copy_dq.partition_D(sdQ)
+            tdQsdQ_w = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, 0], ROW_SPLIT, TILE_M, HEAD_DIM))
+            tdQsdQ_w1 = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, DQ_BUFS - 1], ROW_SPLIT, TILE_M, HEAD_DIM))
             for mma in (tiled_mma_sdp, tiled_mma_dq):
                 mma.set(warpgroup.Field.ACCUMULATE, False)
             for mma in (tiled_mma_dk, tiled_mma_dv):
@@ -390,10 +420,14 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
-                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w[None, None, None, 0])
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
                 pipe_do.consumer_release(do_state)
@@ -461,10 +495,14 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
-                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w[None, None, None, 0])
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
                 pipe_do.consumer_release(do_state)
@@ -536,10 +574,14 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
-                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w[None, None, None, 0])
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
                 pipe_do.consumer_release(do_state)
@@ -550,23 +592,30 @@ class FlashBwdSm90:
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
             # fp32 tiles of 64 key rows added into the group's accumulators by TMA (reduce-add), through
             # the dQ buffer
-            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
+            cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+            sdKacc = storage.sdQ.get_tensor(sdKacc_layout.outer, swizzle=sdKacc_layout.inner)
             sdVacc = storage.sdQ.get_tensor(sdVacc_layout.outer, swizzle=sdVacc_layout.inner)
             acc_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64)
             for acc, mma, buf, tma, gacc, width in (
-                (acc_dK, tiled_mma_dk, sdQ, tma_dk, mdKacc, HEAD_DIM), (acc_dV, tiled_mma_dv, sdVacc, tma_dv, mdVacc, HEAD_DIM_V),
+                (acc_dK, tiled_mma_dk, sdKacc, tma_dk, mdKacc, HEAD_DIM), (acc_dV, tiled_mma_dv, sdVacc, tma_dv, mdVacc, HEAD_DIM_V),
             ):
-                tile = buf[None, None, 0]
+                # each warpgroup's share (64 key rows, or half the columns) goes through the one buffer in turns
                 thr_acc = cute.make_tiled_copy_C(acc_copy, mma).get_slice(tidx_c)
-                g_rows = cute.local_tile(gacc[None, None, head_kv, batch], (64, width), (None, 0))
-                tsX, tgX = hopper.tma_split(tma, buf, g_rows)
-                for w in cutlass.range_constexpr(TILE_N // 64):
+                tXsX = thr_acc.partition_D(_wg_tiles(buf[None, None, 0], DKV_SPLIT == 1, TILE_N, width))
+                g_tiles = cute.local_tile(gacc[None, None, head_kv, batch], (64, width // DKV_SPLIT), (None, None))
+                tsX, tgX = hopper.tma_split(tma, buf, g_tiles)
+                for w in cutlass.range_constexpr(2):
                     cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                    cute.copy(thr_acc, thr_acc.retile(acc), thr_acc.partition_D(tile))
+                    if wg_c == w:
+                        cute.copy(thr_acc, thr_acc.retile(acc), tXsX)
                     cute.arch.fence_proxy("async.shared", space="cta")
                     cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
                     if warp_idx == 4:
-                        cute.copy(tma, tsX[None, 0], tgX[None, n_block * (TILE_N // 64) + w])
+                        if cutlass.const_expr(DKV_SPLIT == 1):
+                            tile = tgX[None, n_block * 2 + w, 0]
+                        else:
+                            tile = tgX[None, n_block, w]
+                        cute.copy(tma, tsX[None, 0], tile)
                         cute.arch.cp_async_bulk_commit_group()
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
 

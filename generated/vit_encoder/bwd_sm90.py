@@ -8,7 +8,7 @@ Three launches: the preprocess (D = rowsum(dO * O) - dLSE and the LSE in log2 un
 kernel, and the postprocess (fp32 accumulators -> gradients in the input dtype).
 
 Main kernel: one CTA per (key block of 128, q head, batch). Warpgroup 0: warp 0 loads K and V once,
-then Q and dO per query block of 64 rows (TMA); warp 1 adds each query block's dQ tile into the fp32
+then Q and dO per query block of 128 rows (TMA); warp 1 adds each query block's dQ tile into the fp32
 accumulator in global memory (TMA reduce-add, in key-block order through a semaphore per query block).
 Warpgroups 1-2, per query block: S = Q·Kᵀ and dP = dO·Vᵀ, P = exp2(S·scale - LSE), dS = P∘(dP - D),
 then dV += Pᵀ·dO, dK += dSᵀ·Q and dQ = dS·K, with P and dS passed through shared memory.
@@ -30,11 +30,11 @@ from fa4gen.device import sm90 as hopper
 DTYPE = cutlass.Float16
 HEAD_DIM = 64
 HEAD_DIM_V = 64
-TILE_M = 64
+TILE_M = 128
 TILE_N = 128
 Q_STAGES = 2
 DO_STAGES = 2
-PDS_STAGES = 2
+PDS_STAGES = 1
 THREADS = 384
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
@@ -42,12 +42,17 @@ REGS_CONSUMER = 240
 # TILE_N is 128, by head-dim columns when it is 64.
 DKV_SPLIT = 1
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
+# S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
+ROW_SPLIT = TILE_M == 128
+SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
+DQ_ATOMS, DQ_N = ((2, 1, 1), HEAD_DIM) if ROW_SPLIT else ((1, 2, 1), HEAD_DIM // 2)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
-DQ_FULL_BARRIER = 3  # consumers -> dQ warp: the dQ tile is in shared memory
-DQ_EMPTY_BARRIER = 4  # dQ warp -> consumers: the previous dQ tile has been read out
-DQ_HANDOFF = CONSUMERS + 32
+DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
+DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
+DQ_HANDOFF = 128 + 32
+DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns
 
 
 def _smem_layout(dtype, rows: int, cols: int, major: int, stages: int):
@@ -57,6 +62,16 @@ def _smem_layout(dtype, rows: int, cols: int, major: int, stages: int):
         sm90_utils.get_smem_layout_atom(sm90_utils.LayoutEnum.ROW_MAJOR, dtype, major), dtype
     )
     return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def _wg_tiles(buf: cute.Tensor, by_rows: bool, rows: int, cols: int) -> cute.Tensor:
+    """A (rows, cols) view in which each warpgroup's share of a 2-warpgroup tile (64 rows each when
+    `by_rows`, else cols/2 columns each) lands on the same (64, cols or cols/2) buffer."""
+    if by_rows:
+        tiler = (cute.make_layout((64, 2), stride=(1, 0)), cute.make_layout(cols))
+    else:
+        tiler = (cute.make_layout(rows), cute.make_layout((cols // 2, 2), stride=(1, 0)))
+    return cute.make_tensor(buf.iterator, cute.composition(buf.layout, tiler))
 
 
 def _qk(t: cute.Tensor) -> cute.Tensor:
@@ -107,21 +122,21 @@ class FlashBwdSm90:
             for t in (mQ, mK, mV, mdO, mdK, mdV, mdQacc)
         ]
         K_MAJOR, MN_MAJOR = OperandMajorMode.K, OperandMajorMode.MN
-        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, (1, 2, 1), (64, TILE_N // 2))
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, SDP_ATOMS, (64, SDP_N))
         tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM // DKV_SPLIT)
         )
         tiled_mma_dv = sm90_utils.make_trivial_tiled_mma(
             DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM_V // DKV_SPLIT)
         )
-        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, (1, 2, 1), (64, HEAD_DIM // 2))
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, DQ_ATOMS, (64, DQ_N))
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, HEAD_DIM // 2, 1)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, DQ_N, 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_M, TILE_N, 64, PDS_STAGES)
-        sdQ_layout = _smem_layout(Float32, TILE_M, HEAD_DIM, HEAD_DIM // 2, 1)
+        sdQ_layout = _smem_layout(Float32, 64, DQ_N, DQ_N, DQ_BUFS)  # one warpgroup's dQ per buffer
         load = cpasync.CopyBulkTensorTileG2SOp()
         stage0 = (None, None, 0)
         tma_q, mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, stage0), (TILE_M, HEAD_DIM))
@@ -129,7 +144,7 @@ class FlashBwdSm90:
         tma_k, mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
         tma_v, mV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(sV_layout, stage0), (TILE_N, HEAD_DIM_V))
         tma_dq, mdQacc = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, cute.slice_(sdQ_layout, stage0), (TILE_M, HEAD_DIM)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, cute.slice_(sdQ_layout, stage0), (64, DQ_N)
         )
         store = cpasync.CopyBulkTensorTileS2GOp()
         tma_dk, mdK = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
@@ -235,22 +250,30 @@ class FlashBwdSm90:
                     do_state.advance()
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tile into the fp32 accumulator (TMA reduce-add)
-                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (TILE_M, HEAD_DIM), (None, 0))
+                # one (64, DQ_N) tile per warpgroup and query block
+                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (64, DQ_N), (None, None))
                 tdQsdQ, tdQgdQ = hopper.tma_split(tma_dq, sdQ, gdQ)
                 cpasync.prefetch_descriptor(tma_dq)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                    cute.arch.barrier(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
-                    # key blocks add into a query block's dQ in ascending order
-                    n_first = Int32(0)
-                    sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
-                    if cute.arch.lane_idx() == 0:
-                        bwd.wait_turn(sem, n_block - n_first)
-                    cute.arch.sync_warp()
-                    cute.copy(tma_dq, tdQsdQ[None, 0], tdQgdQ[None, m_block])
-                    cute.arch.cp_async_bulk_commit_group()
+                    for w in cutlass.range_constexpr(2):
+                        # the buffer warpgroup w writes next has been read out (its previous reduce)
+                        cute.arch.cp_async_bulk_wait_group(DQ_BUFS - 1, read=True)
+                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        if cutlass.const_expr(w == 0):
+                            # key blocks add into a query block's dQ in ascending order
+                            n_first = Int32(0)
+                            sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
+                            if cute.arch.lane_idx() == 0:
+                                bwd.wait_turn(sem, n_block - n_first)
+                            cute.arch.sync_warp()
+                        if cutlass.const_expr(ROW_SPLIT):
+                            tile = tdQgdQ[None, m_block * 2 + w, 0]
+                        else:
+                            tile = tdQgdQ[None, m_block, w]
+                        cute.copy(tma_dq, tdQsdQ[None, w % DQ_BUFS], tile)
+                        cute.arch.cp_async_bulk_commit_group()
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cute.arch.lane_idx() == 0:
                         cute.arch.fence_acq_rel_gpu()
@@ -306,7 +329,8 @@ class FlashBwdSm90:
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
             )
             thr_copy_dq = copy_dq.get_slice(tidx_c)
-            tdQsdQ_w = thr_copy_dq.partition_D(sdQ)
+            tdQsdQ_w = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, 0], ROW_SPLIT, TILE_M, HEAD_DIM))
+            tdQsdQ_w1 = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, DQ_BUFS - 1], ROW_SPLIT, TILE_M, HEAD_DIM))
             for mma in (tiled_mma_sdp, tiled_mma_dq):
                 mma.set(warpgroup.Field.ACCUMULATE, False)
             for mma in (tiled_mma_dk, tiled_mma_dv):
@@ -371,10 +395,14 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
-                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER, number_of_threads=DQ_HANDOFF)
-                cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w[None, None, None, 0])
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
-                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER, number_of_threads=DQ_HANDOFF)
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(q_state)
                 pipe_do.consumer_release(do_state)
