@@ -44,23 +44,41 @@ def _no_traceback(result: subprocess.CompletedProcess) -> None:
 
 
 def test_plan_prints_the_plan(work: Path):
+    """A spec with backward: true has two sm90 plans: the forward, then the backward, a blank line apart."""
     result = fa4gen_cli("plan", "specs/llama3_8b.yaml", "--arch", "sm90", cwd=work)
     assert result.returncode == 0, result.stderr
-    (plan,) = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    fwd, bwd = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    assert (fwd.direction, bwd.direction) == ("fwd", "bwd")
+    assert result.stdout == fwd.describe() + "\n\n" + bwd.describe() + "\n"
+    fwd_text, bwd_text = result.stdout.split("\n\n")
+    assert fwd_text.startswith("plan llama3_8b [sm90 fwd] -> module fwd_sm90\n")
+    assert bwd_text.startswith("plan llama3_8b [sm90 bwd] -> module bwd_sm90\n")
+    for plan, text in ((fwd, fwd_text), (bwd, bwd_text)):
+        lines = [line.split() for line in text.splitlines()]
+        assert ["tile_m", str(plan.tile_m)] in lines and ["tile_n", str(plan.tile_n)] in lines
+        smem = plan.budgets[0]
+        assert f"shared memory per CTA: {smem.used} / {227 * 1024} bytes" in text
+        assert re.search(r"register file per SM: \d+ / 65536 regs", text)
+    assert ["tile_m", "128"] in [line.split() for line in fwd_text.splitlines()]
+    assert ["deterministic", "False"] in [line.split() for line in bwd_text.splitlines()]
+
+
+def test_plan_of_a_forward_only_spec_prints_one_plan(work: Path):
+    result = fa4gen_cli("plan", "specs/mistral_7b.yaml", cwd=work)
+    assert result.returncode == 0, result.stderr
+    (plan,) = plan_kernels(load_spec(work / "specs" / "mistral_7b.yaml"), "sm90")
     assert result.stdout == plan.describe() + "\n"
-    lines = result.stdout.splitlines()
-    assert ["tile_m", "128"] in [line.split() for line in lines]
-    assert ["tile_n", str(plan.tile_n)] in [line.split() for line in lines]
-    smem = plan.budgets[0]
-    assert f"shared memory per CTA: {smem.used} / {227 * 1024} bytes" in result.stdout
-    assert re.search(r"register file per SM: \d+ / 65536 regs", result.stdout)
 
 
 def test_plan_json(work: Path):
+    """--json prints one JSON document: the list of plans, as the lock file holds them."""
     result = fa4gen_cli("plan", "specs/gemma2_9b.yaml", "--json", cwd=work)
     assert result.returncode == 0, result.stderr
-    (plan,) = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
-    assert json.loads(result.stdout) == json.loads(plan.to_json())
+    plans = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
+    printed = json.loads(result.stdout)
+    assert printed == [json.loads(plan.to_json()) for plan in plans]
+    assert [p["direction"] for p in printed] == ["fwd", "bwd"]
+    assert printed == json.loads((ROOT / "generated" / "gemma2_9b" / "spec.lock.json").read_text())["plans"]
 
 
 def test_plan_sm100(work: Path):
@@ -123,7 +141,13 @@ def test_build_good_and_bad(work: Path):
     pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
     written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
     assert written == pkg.files  # (test_render checks these against the committed generated/)
-    assert "llama3_8b" in result.stdout and "wrote 3 file(s)" in result.stdout
+    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "fwd_sm90.py", "spec.lock.json"]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("llama3_8b ")]
+    assert [row[2] for row in rows] == ["fwd_sm90", "bwd_sm90"]  # one row per kernel
+    assert all(" ".join(row[3:6]) == "wrote 4 file(s)" for row in rows)
+    # each kernel's row shows its own plan's shared memory
+    fwd, bwd = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    assert [row[-4] for row in rows] == [f"{fwd.budgets[0].used // 1024}K", f"{bwd.budgets[0].used // 1024}K"]
 
 
 def test_build_plan_failure_writes_nothing_for_that_spec(work: Path):

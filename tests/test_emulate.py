@@ -18,6 +18,7 @@ within 1e-3 abs + 1e-4 rel (fa4gen.golden.tolerance), -inf rows identical.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from pathlib import Path
@@ -61,13 +62,19 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def _forward(spec):
+    """The sm90 forward plan (a spec with backward: true also plans a backward, which the emulator
+    does not model: its gradients are checked on the GPU, tests/test_gpu_backward.py and `fa4gen test`)."""
+    (plan,) = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
+    return plan
+
+
 def _plan(source):
     if isinstance(source, Path):
         spec = load_spec(source)
     else:
         spec = spec_from_dict(dict(name=source, targets=["sm90"], **EXTRA[source]))
-    (plan,) = plan_kernels(spec, "sm90")
-    return plan
+    return _forward(spec)
 
 
 def _inputs(plan, shape, seed, *, scale=1.0):
@@ -118,15 +125,24 @@ def test_emulated_plan_is_within_the_error_budget(source):
 
 def test_emulator_reads_lock_files_like_plans():
     for path in SPEC_FILES:
-        lock_plans = __import__("json").loads((ROOT / "generated" / path.stem / "spec.lock.json").read_text())["plans"]
-        from_lock = Algorithm.from_plan(next(p for p in lock_plans if p["arch"] == "sm90"))
-        assert from_lock == Algorithm.from_plan(_plan(path)), path.stem
+        lock_plans = json.loads((ROOT / "generated" / path.stem / "spec.lock.json").read_text())["plans"]
+        (fwd,) = [p for p in lock_plans if p["arch"] == "sm90" and p["direction"] == "fwd"]
+        assert Algorithm.from_plan(fwd) == Algorithm.from_plan(_plan(path)), path.stem
 
 
 def test_unsupported_arch_is_refused_clearly():
     plan = dataclasses.replace(_plan(SPEC_FILES[0]), arch="sm100")
     with pytest.raises(NotImplementedError, match="no emulator for sm100"):
         Algorithm.from_plan(plan)
+
+
+def test_a_backward_plan_is_refused_clearly():
+    """The emulator models the forward only: a backward plan (here from a committed spec's lock file)
+    must not be read as if it were one."""
+    lock = json.loads((ROOT / "generated" / "llama3_8b" / "spec.lock.json").read_text())
+    (bwd,) = [p for p in lock["plans"] if p["direction"] == "bwd"]
+    with pytest.raises(NotImplementedError, match="no emulator for the bwd direction"):
+        Algorithm.from_plan(bwd)
 
 
 # --- the software exp2 ---------------------------------------------------------------------------
@@ -287,7 +303,7 @@ def test_every_plannable_poly_degree_meets_the_budget(dtype):
         spec = spec_from_dict(dict(name="poly", targets=["sm90"], dtype=dtype, head_dim=64,
                                    pipeline={"poly_exp": {"share": 1.0, "degree": degree}}))
         try:
-            (plan,) = plan_kernels(spec, "sm90")
+            plan = _forward(spec)
         except PlanError:
             continue
         worst = max(_ratio(plan, shape=(1, 200, 300, 2, 2), seed=s) for s in range(3))
@@ -298,7 +314,7 @@ def test_every_plannable_threshold_is_safe_in_fp16():
     spec = spec_from_dict(dict(name="thr", targets=["sm90"], dtype="fp16", head_dim=64,
                                pipeline={"rescale_threshold": 20.0}))
     try:
-        (plan,) = plan_kernels(spec, "sm90")
+        plan = _forward(spec)
     except PlanError:
         return
     q, k, v = _jumping_logits(plan, 18.0)  # kept (18 < 20), so P reaches 2^18 > fp16's 65504

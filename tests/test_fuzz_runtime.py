@@ -48,9 +48,11 @@ _packages: dict[str, tuple] = {}
 
 
 def _package(name: str):
+    """(the package, its sm90 forward plan): the plan attention() validates calls against."""
     if name not in _packages:
         variant = load_variant(ROOT / "generated" / name)
-        _packages[name] = (variant.load(), variant.plans[0])
+        (fwd,) = [p for p in variant.plans if p["arch"] == "sm90" and p["direction"] == "fwd"]
+        _packages[name] = (variant.load(), fwd)
     return _packages[name]
 
 
@@ -162,7 +164,9 @@ def test_chunk_size_beyond_int32_is_refused():
 
 
 def test_grad_needs_no_gpu_to_be_refused():
-    pkg, plan = _package("vit_encoder")
+    """A spec without a backward refuses inputs that require grad before it looks at the device."""
+    pkg, plan = _package("mistral_7b")
+    assert not pkg._forward.bwd_plans  # backward: false
     call = good_call(plan)
     call.q.requires_grad_()
     with torch.enable_grad():

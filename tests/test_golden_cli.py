@@ -1,21 +1,28 @@
-"""`fa4gen test`: argument handling, which checks run where, the table and the exit status, and
-an end-to-end CPU run on a package outside the repository (compile + SASS + emulator)."""
+"""`fa4gen test`: argument handling, which checks run where (forward and backward kernels), the table
+and the exit status, the backward's checks run on the CPU with a stand-in for the package (their GPU
+run is tests/test_gpu_backward.py's business and `fa4gen test` on the H200), and an end-to-end CPU run
+on a package outside the repository (compile + SASS + emulator, and the backward's compile + SASS)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from fa4gen.cli.main import main
-from fa4gen.golden import CheckResult, load_variant, run_variant
+from fa4gen.golden import CheckResult, backward_numerics, compile_and_sass, load_variant, run_variant
 from fa4gen.golden import runner as golden_runner
+from fa4gen.golden import tolerance
+from fa4gen.reference import attention_ref, mask_semantics
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = ROOT / "generated"
@@ -44,11 +51,27 @@ def fast_checks(monkeypatch):
         calls.append(("gpu", variant.name, plan["arch"]))
         return [CheckResult(variant.name, plan["arch"], "kernel vs reference", "pass", "fake")]
 
+    def gpu_bwd_check(variant, plan):
+        calls.append(("gpu bwd", variant.name, plan["arch"]))
+        return [CheckResult(variant.name, plan["arch"], "bwd grads vs reference", "pass", "fake")]
+
     monkeypatch.setattr(golden_runner, "compile_and_sass", compile_check)
     monkeypatch.setattr(golden_runner, "emulator_vs_reference", emulator_check)
     monkeypatch.setattr(golden_runner, "kernel_numerics", gpu_check)
+    monkeypatch.setattr(golden_runner, "backward_numerics", gpu_bwd_check)
     monkeypatch.setattr("fa4gen.golden.has_hopper", lambda: False)
     return calls
+
+
+def _table_rows(stdout: str) -> list[dict[str, str]]:
+    """The rows of `fa4gen test`'s table (its stdout: the table, then the summary line), cut at the
+    header's column starts."""
+    header, *rows, summary = stdout.splitlines()
+    assert header.startswith("variant ") and " passed, " in summary
+    names = header.split()
+    starts = [header.index(n) for n in names]
+    bounds = list(zip(starts, [*starts[1:], None]))
+    return [{n: row[a:b].strip() for n, (a, b) in zip(names, bounds)} for row in rows]
 
 
 def _invoke(*args, cwd=ROOT):
@@ -88,14 +111,17 @@ def test_all_with_no_packages_exits_2(tmp_path):
 def test_cpu_runs_compile_and_emulator_per_target(fast_checks):
     result = _invoke("specs/deepseek_mla.yaml", str(GENERATED / "vit_encoder"))
     assert result.exit_code == 0, result.output
-    # every built target of each variant is compiled and emulated; targets whose family is not
-    # available yet appear as skipped rows
+    # every built kernel of each variant is compiled, and every forward plan emulated (there is no
+    # emulator of the backward); targets whose family is not available yet appear as skipped rows
     expected, skipped = [], 0
     for name in ("deepseek_mla", "vit_encoder"):
         lock = json.loads((GENERATED / name / "spec.lock.json").read_text())
         for plan in lock["plans"]:
-            expected += [("compile", name, plan["arch"]), ("emulator", name, plan["arch"])]
+            expected.append(("compile", name, plan["arch"]))
+            if plan["direction"] == "fwd":
+                expected.append(("emulator", name, plan["arch"]))
         skipped += len(lock.get("unavailable_targets", {}))
+    assert expected[-1] == ("compile", "vit_encoder", "sm90")  # vit_encoder's backward: compile + SASS only
     assert fast_checks == expected
     rows = [line.split() for line in result.stdout.splitlines()]
     assert rows[0][:5] == ["variant", "arch", "check", "result", "time"]
@@ -110,13 +136,39 @@ def test_all_covers_every_generated_package(fast_checks):
 
 
 def test_gpu_runs_the_kernel_and_other_targets_compile(fast_checks, monkeypatch):
+    """With a Hopper GPU the sm90 forward and backward run; other targets' kernels compile (and a
+    forward is emulated)."""
     variant = load_variant(GENERATED / "llama3_8b")
-    fake = dict(variant.plans[0], arch="sm100", cute_arch="sm_100a")
-    variant.lock = {**variant.lock, "plans": [*variant.plans, fake]}
+    fwd, bwd = variant.plans
+    assert (fwd["direction"], bwd["direction"]) == ("fwd", "bwd")
+    fakes = [dict(p, arch="sm100", cute_arch="sm_100a") for p in (fwd, bwd)]
+    variant.lock = {**variant.lock, "plans": [*variant.plans, *fakes]}
     results = run_variant(variant, gpu=True)
-    assert fast_checks == [("gpu", "llama3_8b", "sm90"), ("compile", "llama3_8b", "sm100"),
-                           ("emulator", "llama3_8b", "sm100")]
-    assert [r.check for r in results] == ["kernel vs reference", "compile + SASS", "emulator vs reference"]
+    assert fast_checks == [("gpu", "llama3_8b", "sm90"), ("gpu bwd", "llama3_8b", "sm90"),
+                           ("compile", "llama3_8b", "sm100"), ("emulator", "llama3_8b", "sm100"),
+                           ("compile", "llama3_8b", "sm100")]
+    assert [r.check for r in results] == ["kernel vs reference", "bwd grads vs reference", "compile + SASS",
+                                          "emulator vs reference", "compile + SASS"]
+
+
+def test_every_kernel_gets_a_check(fast_checks):
+    """A kernel of a direction the golden suite has no check for is a failed row, never a silent skip."""
+    variant = load_variant(GENERATED / "vit_encoder")
+    odd = dict(variant.plans[0], direction="fwd2", module="fwd2_sm90")
+    variant.lock = {**variant.lock, "plans": [*variant.plans, odd]}
+    for gpu in (False, True):
+        (row,) = [r for r in run_variant(variant, gpu=gpu) if r.check == "fwd2 kernel"]
+        assert row.failed and row.detail == "no golden check for 'fwd2' kernels"
+
+
+def test_a_crashing_backward_check_is_a_failed_row(fast_checks, monkeypatch):
+    def boom(variant, plan):
+        raise RuntimeError("backward exploded")
+
+    monkeypatch.setattr(golden_runner, "backward_numerics", boom)
+    results = run_variant(load_variant(GENERATED / "vit_encoder"), gpu=True)
+    assert [(r.check, r.status) for r in results] == [("kernel vs reference", "pass"), ("bwd kernel numerics", "FAIL")]
+    assert results[1].detail == "RuntimeError: backward exploded"
 
 
 def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch):
@@ -124,7 +176,8 @@ def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch)
     result = _invoke(str(GENERATED / "llama3_8b"), str(GENERATED / "vit_encoder"))
     assert result.exit_code == 1
     assert result.stdout.count(" FAIL ") == 2
-    assert "2 passed, 2 failed, 0 skipped" in result.stdout
+    # passed: the forward's and the backward's compile + SASS of each variant
+    assert "4 passed, 2 failed, 0 skipped" in result.stdout
 
 
 def test_a_crashing_check_is_a_failed_row_not_a_crash(fast_checks, monkeypatch):
@@ -145,7 +198,8 @@ def test_a_plan_with_a_bad_algorithm_fails_the_emulator_check(tmp_path, monkeypa
     pkg = tmp_path / "vit_copy"
     shutil.copytree(GENERATED / "vit_encoder", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     lock = json.loads((pkg / "spec.lock.json").read_text())
-    lock["plans"][0].update(poly_every=1, poly_coeffs=[1.0, 0.9218067623528994])
+    (fwd,) = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]
+    fwd.update(poly_every=1, poly_coeffs=[1.0, 0.9218067623528994])
     (pkg / "spec.lock.json").write_text(json.dumps(lock))
     result = _invoke(str(pkg))
     assert result.exit_code == 1
@@ -153,23 +207,154 @@ def test_a_plan_with_a_bad_algorithm_fails_the_emulator_check(tmp_path, monkeypa
     assert " FAIL " in row and "budget" in row
 
 
+# --- the backward's checks -------------------------------------------------------------------------
+
+
+def _compiled(opcodes: dict, **fields):
+    """What compile_generated returns, with a SASS summary of these counts."""
+    sass = {"hgmma": 40, "utmaldg": 4, "ldl": 0, "stl": 0, **fields, "opcodes": opcodes}
+    return SimpleNamespace(meta={"sass": sass, "registers": 168}, cache_hit=True, seconds=0.0)
+
+
+@pytest.mark.parametrize("opcodes,fields,problem", [
+    ({"HGMMA": 40, "UTMALDG": 4, "UTMAREDG": 20}, {}, None),
+    ({"HGMMA": 40, "UTMALDG": 4}, {}, "no UTMAREDG"),  # dQ not summed by TMA
+    ({"UTMALDG": 4, "UTMAREDG": 20}, {"hgmma": 0}, "no HGMMA"),
+    ({"HGMMA": 40, "UTMALDG": 4, "UTMAREDG": 20}, {"stl": 3}, "3 STL (spills)"),
+])
+def test_backward_compile_check_wants_hgmma_tma_reduce_and_no_spills(monkeypatch, opcodes, fields, problem):
+    import fa4gen.compile.generated as generated
+    import fa4gen.compile.sass as sass
+
+    monkeypatch.setattr(sass, "find_nvdisasm", lambda: "/bin/true")
+    monkeypatch.setattr(generated, "compile_generated", lambda *a, **kw: _compiled(opcodes, **fields))
+    variant = load_variant(GENERATED / "llama3_8b")
+    fwd, bwd = variant.plans
+    row = compile_and_sass(variant, bwd)
+    assert (row.check, row.failed) == ("bwd compile + SASS", problem is not None)
+    assert f"UTMAREDG {opcodes.get('UTMAREDG', 0)}" in row.detail
+    if problem:
+        assert row.detail.startswith(problem)
+    # the forward has no TMA reduce to look for
+    forward_row = compile_and_sass(variant, fwd)
+    assert forward_row.check == "compile + SASS" and "UTMAREDG" not in forward_row.detail
+    assert forward_row.failed == bool(fields)  # the same HGMMA / spill problems
+
+
+class _NoisyBackward(torch.autograd.Function):
+    """Identity whose backward adds noise: gradients that differ from one backward pass to the next."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + 1e-3 * torch.randn_like(g)
+
+
+def _stand_in(plan, *, causal=None, nan_dk=False, noisy=False):
+    """A CPU stand-in for a generated package's attention(): the low-precision reference, through autograd
+    (a kernel exactly as far from the exact gradients as the budget's own yardstick, i.e. inside it), or
+    broken on purpose: the wrong mask, NaN in dk, noise in dq."""
+
+    def attention(q, k, v, *, return_lse=False, window=None, chunk_size=None):
+        sem = mask_semantics(plan, window=window, chunk_size=chunk_size)
+        if causal is not None:
+            sem["causal"] = causal
+        if nan_dk:
+            k = k.view_as(k)
+            k.register_hook(lambda g: torch.full_like(g, math.nan))
+        if noisy:
+            q = _NoisyBackward.apply(q)
+        out, lse = attention_ref(q, k, v, upcast=False, **sem)
+        return (out, lse) if return_lse else out
+
+    return SimpleNamespace(attention=attention)
+
+
+def _backward_rows(name, **broken):
+    variant = load_variant(GENERATED / name)
+    (plan,) = [p for p in variant.plans if p["direction"] == "bwd"]
+    variant._module = _stand_in(plan, **broken)
+    return backward_numerics(variant, plan, device="cpu", repeat_shape=(1, 70, 90, 2, 1))
+
+
+def test_backward_numerics_pass_a_correct_backward():
+    """llama3_8b: causal, GQA, bf16. vit_encoder: no mask, MHA, fp16, deterministic (so also repeated)."""
+    (grads,) = _backward_rows("llama3_8b")
+    assert (grads.check, grads.status) == ("bwd grads vs reference", "pass"), grads.detail
+    assert grads.detail.startswith("4 cases; worst d")
+    grads, repeat = _backward_rows("vit_encoder")
+    assert (grads.check, grads.status) == ("bwd grads vs reference", "pass"), grads.detail
+    assert (repeat.check, repeat.status) == ("bwd bitwise repeat", "pass"), repeat.detail
+    assert repeat.detail == f"10 runs bitwise identical (dq, dk, dv) at shape={(1, 70, 90, 2, 2)}"
+
+
+def test_backward_numerics_catch_wrong_gradients():
+    (grads,) = _backward_rows("llama3_8b", causal=False)  # the mask forgotten in the backward
+    assert grads.failed and "budget" in grads.detail
+    (grads,) = _backward_rows("llama3_8b", nan_dk=True)
+    assert grads.failed and ": dk: NaN/inf (or unwritten) elements" in grads.detail
+
+
+def test_backward_numerics_catch_a_nondeterministic_backward():
+    _, repeat = _backward_rows("vit_encoder", noisy=True)
+    assert repeat.failed and repeat.detail.startswith("dq of run 1 differs from run 0")
+
+
+def test_grad_tolerance_is_the_2x_rule_with_an_atol():
+    exact = torch.zeros(8, dtype=torch.float64)
+    low = exact.clone()
+    low[0] = 0.01
+    budget = 2 * 0.01 + tolerance.GRAD_ATOL
+    ok = tolerance.grad_against_reference("dq", exact + budget * 0.99, exact, low, softcap=False)
+    assert ok.ok and ok.worst == pytest.approx(0.99)
+    assert not tolerance.grad_against_reference("dq", exact + budget * 1.01, exact, low, softcap=False).ok
+    # softcap's tanh.approx gets GRAD_SOFTCAP_ATOL more
+    assert tolerance.grad_against_reference("dq", exact + budget * 1.01, exact, low, softcap=True).ok
+    assert not tolerance.grad_against_reference("dv", None, exact, low, softcap=False).ok
+    inf = exact.clone()
+    inf[3] = math.inf
+    assert not tolerance.grad_against_reference("dk", inf, exact, low, softcap=False).ok
+
+
+def test_bitwise_repeats_compare_bits():
+    a = torch.tensor([0.0, 1.5, math.nan], dtype=torch.bfloat16)
+    same = tolerance.bitwise_repeats([(a,), (a.clone(),)], ("dq",))
+    assert same.ok, same.detail  # NaN in the same place with the same bits is a repeat
+    signed = a.clone()
+    signed[0] = -0.0
+    assert not tolerance.bitwise_repeats([(a,), (a.clone(),), (signed,)], ("dq",)).ok  # -0.0 is not 0.0
+
+
 @pytest.mark.compile
 def test_end_to_end_on_a_package_outside_the_repo(tmp_path):
-    """Build a spec into a folder outside the repo and golden-test it from there, on the CPU."""
+    """Build specs into a folder outside the repo and golden-test them from there, on the CPU: a forward
+    only spec, and one with a backward (whose kernel gets its own compile + SASS row)."""
     spec = tmp_path / "tiny.yaml"
     spec.write_text("name: tiny_golden\ntargets: [sm90]\ndtype: fp16\nhead_dim: 64\nmask: {kind: causal}\n"
                     "return_lse: true\npipeline: {poly_exp: {share: 0.25}}\n")
+    (tmp_path / "tiny_bwd.yaml").write_text("name: tiny_golden_bwd\ntargets: [sm90]\ndtype: bf16\nhead_dim: 128\n"
+                                            "mask: {kind: causal}\nbackward: true\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_QUIET": "1", "FA4GEN_CACHE_DIR": str(tmp_path / "cache")}
     cli = lambda *a: subprocess.run([sys.executable, "-m", "fa4gen", *a], cwd=tmp_path, env=env,  # noqa: E731
                                     capture_output=True, text=True, timeout=600)
-    built = cli("build", "--out", "elsewhere", "tiny.yaml")
+    built = cli("build", "--out", "elsewhere", "tiny.yaml", "tiny_bwd.yaml")
     assert built.returncode == 0, built.stderr
-    result = cli("test", "--cpu", str(tmp_path / "elsewhere" / "tiny_golden"))
+    result = cli("test", "--cpu", *(str(tmp_path / "elsewhere" / n) for n in ("tiny_golden", "tiny_golden_bwd")))
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = {tuple(line.split()[:4]) for line in result.stdout.splitlines()}
+    lines = result.stdout.splitlines()
+    rows = {tuple(line.split()[:4]) for line in lines}
     assert ("tiny_golden", "sm90", "compile", "+") in rows  # "compile + SASS"
-    assert any(line.startswith("tiny_golden") and "emulator vs reference" in line and " pass " in line
-               for line in result.stdout.splitlines())
+    assert any(line.startswith("tiny_golden ") and "emulator vs reference" in line and " pass " in line
+               for line in lines)
     assert "HGMMA" in result.stdout and "LDL/STL 0/0" in result.stdout
+    table = _table_rows(result.stdout)
+    bwd_rows = [r for r in table if r["variant"] == "tiny_golden_bwd"]
+    assert [(r["check"], r["result"]) for r in bwd_rows] == [
+        ("compile + SASS", "pass"), ("emulator vs reference", "pass"), ("bwd compile + SASS", "pass")]
+    assert "UTMAREDG" in bwd_rows[2]["detail"] and "LDL/STL 0/0" in bwd_rows[2]["detail"]
+    assert lines[-1].startswith("5 passed, 0 failed, 0 skipped")
     same_by_spec = cli("test", "--cpu", "tiny.yaml", "--out", "elsewhere")
     assert same_by_spec.returncode == 0, same_by_spec.stdout + same_by_spec.stderr

@@ -43,7 +43,7 @@ def _package(name):
         else:
             variant = load_variant(ROOT / "generated" / name)
             pkg = variant.load()
-        _loaded[name] = (pkg, next(p for p in variant.plans if p["arch"] == "sm90"))
+        _loaded[name] = (pkg, next(p for p in variant.plans if p["arch"] == "sm90" and p["direction"] == "fwd"))
     return _loaded[name]
 
 

@@ -24,7 +24,7 @@ import pytest
 from conftest import fa4gen_cli
 
 from fa4gen import __version__
-from fa4gen.builder import render_spec
+from fa4gen.builder import plan_spec, render_spec
 from fa4gen.plan import plan_kernels
 from fa4gen.render import _ident, _py, _pystr, make_environment, render_package
 from fa4gen.spec import load_spec, spec_digest, spec_from_dict
@@ -51,6 +51,14 @@ def _row_status(stdout: str, name: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith(name + " ") and " sm90 " in line]
 
 
+def _modules(spec) -> list[str]:
+    """The kernel modules of a spec's package: one per plan (target x direction)."""
+    return [f"{plan.module}.py" for plan in plan_spec(spec)[0]]
+
+
+SM90_KERNELS = sum(plan.arch == "sm90" for path in SPEC_FILES for plan in plan_spec(load_spec(path))[0])
+
+
 # --- determinism and the committed goldens -----------------------------------------------------
 
 
@@ -69,7 +77,7 @@ def test_build_check_passes_on_repo():
     result = fa4gen_cli("build", "--check", cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert "stale" not in result.stdout.replace("up to date", "")
-    kernels = sum(len(spec.targets) for spec in map(load_spec, SPEC_FILES))  # one row per (spec, target)
+    kernels = sum(len(_modules(spec)) for spec in map(load_spec, SPEC_FILES))  # one row per kernel
     assert result.stdout.count("up to date") == kernels
 
 
@@ -96,12 +104,13 @@ def test_edited_generated_file_is_stale_and_build_fixes_it(work: Path):
 
     build = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)
     assert build.returncode == 0, build.stderr
-    assert "wrote 1 file(s)" in _row_status(build.stdout, "llama3_8b")[0]
+    assert [row.split()[2] for row in _row_status(build.stdout, "llama3_8b")] == ["fwd_sm90", "bwd_sm90"]
+    assert all("wrote 1 file(s)" in row for row in _row_status(build.stdout, "llama3_8b"))
     assert target.read_bytes() == original
     again = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)
     assert again.returncode == 0
     rows = [line for line in again.stdout.splitlines()[1:] if " sm90 " in line]
-    assert len(rows) == len(SPEC_FILES) and all("unchanged" in line for line in rows)
+    assert len(rows) == SM90_KERNELS and all("unchanged" in line for line in rows)
     assert fa4gen_cli("build", "--check", "--out", str(work / "generated"), cwd=work).returncode == 0
 
 
@@ -131,14 +140,15 @@ def test_spec_change_changes_kernel_and_reverts(work: Path):
     kernel = (work / "generated" / "llama3_8b" / "fwd_sm90.py").read_text()
     assert "\nTILE_N = 64\n" in kernel
     lock = json.loads((work / "generated" / "llama3_8b" / "spec.lock.json").read_text())
-    assert lock["plans"][0]["tile_n"] == 64 and lock["spec"]["pipeline"]["tile_n"] == 64
+    (fwd,) = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]
+    assert fwd["tile_n"] == 64 and lock["spec"]["pipeline"]["tile_n"] == 64
     # the header's spec sha256 follows the spec
     new_sha = spec_digest(load_spec(spec_path))
     assert f"spec sha256 {new_sha}" in kernel.splitlines()[0]
     # removing the field again restores the committed bytes
     spec_path.write_text(original_spec)
     assert fa4gen_cli("build", "--out", "generated", "specs/llama3_8b.yaml", cwd=work).returncode == 0
-    for f in ("__init__.py", "fwd_sm90.py", "spec.lock.json"):
+    for f in ("__init__.py", "fwd_sm90.py", "bwd_sm90.py", "spec.lock.json"):
         assert (work / "generated" / "llama3_8b" / f).read_bytes() == (GENERATED / "llama3_8b" / f).read_bytes()
 
 
@@ -162,7 +172,7 @@ def test_orphan_package_is_stale(work: Path):
 PACKAGE_FILES = [
     pytest.param(path, rel, id=f"{path.stem}/{rel}")
     for path in SPEC_FILES
-    for rel in ("__init__.py", "fwd_sm90.py", "spec.lock.json")
+    for rel in ("__init__.py", *_modules(load_spec(path)), "spec.lock.json")
 ]
 
 
@@ -239,7 +249,9 @@ def test_variant_text_matches_features(mask, softcap, ping_pong, share, return_l
 
 @pytest.mark.parametrize("name", ["vit_encoder"])
 def test_committed_maskless_variant_has_no_mask_code(name):
-    text = (GENERATED / name / "fwd_sm90.py").read_text() + (GENERATED / name / "__init__.py").read_text()
+    modules = ["__init__.py", *_modules(load_spec(ROOT / "specs" / f"{name}.yaml"))]
+    assert "bwd_sm90.py" in modules  # the backward kernel is held to the same rule
+    text = "".join((GENERATED / name / rel).read_text() for rel in modules)
     assert "mask." not in text and "window_left" not in text and "softcap" not in text
 
 
@@ -358,8 +370,9 @@ def _code_without_comments(text: str) -> str:
 LABEL = 'specs/evil"\nimport os\nos.system("x")\n""".yaml'
 
 
-def test_label_is_only_a_json_escaped_comment():
-    spec = load_spec(ROOT / "specs" / "mistral_7b.yaml")
+@pytest.mark.parametrize("name", ["mistral_7b", "llama3_8b"])  # forward only; forward and backward
+def test_label_is_only_a_json_escaped_comment(name):
+    spec = load_spec(ROOT / "specs" / f"{name}.yaml")
     pkg, _, _ = render_spec(spec, LABEL)
     for rel, text in pkg.files.items():
         if not rel.endswith(".py"):
@@ -370,7 +383,7 @@ def test_label_is_only_a_json_escaped_comment():
         first = text.splitlines()[0]
         assert first.startswith("# Generated by fa4gen") and json.dumps(LABEL) in first
         # nothing of the label reaches the code: the module is the same as with a plain label
-        plain = render_spec(spec, "specs/mistral_7b.yaml")[0].files[rel]
+        plain = render_spec(spec, f"specs/{name}.yaml")[0].files[rel]
         assert ast.dump(tree) == ast.dump(ast.parse(plain))
     assert json.loads(pkg.files["spec.lock.json"])["spec_path"] == LABEL
 
@@ -393,15 +406,20 @@ def test_label_from_a_nasty_file_name_via_cli(tmp_path: Path):
     assert json.loads(files["spec.lock.json"])["spec_path"] == f"specs/{name}"
 
 
-def test_render_package_rejects_non_identifier_plan_fields():
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_render_package_rejects_non_identifier_plan_fields(direction):
+    """Through the forward's and the backward's templates alike (llama3_8b has both)."""
     spec = load_spec(ROOT / "specs" / "llama3_8b.yaml")
-    (plan,) = plan_kernels(spec, "sm90")
+    plans = plan_kernels(spec, "sm90")
+    (plan,) = [p for p in plans if p.direction == direction]
+    others = [p for p in plans if p is not plan]
+    assert render_package(spec, [plan, *others], spec_label="x", unavailable={}).files  # the unmodified plan renders
     evil = dataclasses.replace(plan, class_name="X:\n    import os")
     with pytest.raises(ValueError, match="identifier"):
-        render_package(spec, [evil], spec_label="x", unavailable={})
+        render_package(spec, [evil, *others], spec_label="x", unavailable={})
     evil_num = dataclasses.replace(plan, tile_n="128; import os")
     with pytest.raises(TypeError):
-        render_package(spec, [evil_num], spec_label="x", unavailable={})
+        render_package(spec, [evil_num, *others], spec_label="x", unavailable={})
 
 
 def test_provenance_header_regex_on_all_python():
@@ -409,6 +427,6 @@ def test_provenance_header_regex_on_all_python():
     pattern = re.compile(r'^# Generated by fa4gen (\S+) from "(specs/\w+\.yaml)" \(spec sha256 ([0-9a-f]{64})\)\.$')
     for path in SPEC_FILES:
         spec = load_spec(path)
-        for rel in ("__init__.py", "fwd_sm90.py"):
+        for rel in ("__init__.py", *_modules(spec)):
             m = pattern.match((GENERATED / spec.name / rel).read_text().splitlines()[0])
             assert m and m.groups() == (__version__, f"specs/{path.name}", spec_digest(spec))

@@ -7,6 +7,7 @@ spec); a stale generated/ under --check or a failed compile exits 1.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -43,21 +44,26 @@ def _kernel_row(name: str, r: KernelReport, smem: str) -> tuple[str, ...]:
 @main.command()
 @click.argument("spec", type=click.Path(path_type=str))
 @click.option("--arch", type=ARCH_CHOICE, default=None, help="Only this target (default: all of the spec's).")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plans as one JSON list (as in spec.lock.json).")
 def plan(spec: str, arch: str | None, as_json: bool) -> None:
-    """Print the resolved KernelPlan(s) of SPEC."""
+    """Print the resolved KernelPlans of SPEC: one per target and direction (forward, and the
+    backward when the spec has backward: true), separated by a blank line."""
     loaded, problems = _load_all([spec])
     if problems:
         exit_with_problems(problems)
+    plans = []
     for _, s in loaded:
         if arch:
-            plans = plan_kernels(s, arch)  # an unavailable family asked for by name is an error (exit 2)
+            plans += plan_kernels(s, arch)  # an unavailable family asked for by name is an error (exit 2)
         else:
-            plans, unavailable = plan_spec(s)
+            ok, unavailable = plan_spec(s)
+            plans += ok
             for target, why in unavailable.items():
                 click.echo(f"{s.name} [{target}]: {why}", err=True)
-        for p in plans:
-            click.echo(p.to_json() if as_json else p.describe())
+    if as_json:
+        click.echo(json.dumps([p.to_dict() for p in plans], indent=2, sort_keys=True))
+    elif plans:
+        click.echo("\n\n".join(p.describe() for p in plans))
 
 
 @main.command()
@@ -90,7 +96,7 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
         else:
             changed = write_package(pkg, out)
             status = f"wrote {len(changed)} file(s)" if changed else "unchanged"
-        budgets = {p.arch: p.budgets[0].used for p in plans}
+        budgets = {(p.arch, p.module): p.budgets[0].used for p in plans}  # a forward and a backward per arch
         reports = [KernelReport(p.arch, p.module, status) for p in plans]
         if do_compile and not check:
             chosen = [p for p in plans if not archs or p.arch in archs]
@@ -100,7 +106,7 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
             )
             failed |= any(r.status == "failed" for r in reports)
         for r in reports:
-            rows.append(_kernel_row(spec.name, r, f"{budgets[r.arch] // 1024}K"))
+            rows.append(_kernel_row(spec.name, r, f"{budgets[r.arch, r.module] // 1024}K"))
             if r.status == "failed":
                 click.echo(f"{spec.name} [{r.arch}]: compile failed: {r.detail}", err=True)
         for arch, why in unavailable.items():

@@ -23,9 +23,11 @@ from fa4gen.cli.main import _table, exit_with_problems, main
 def test(specs: tuple[str, ...], all_packages: bool, out: Path, cpu_only: bool) -> None:
     """Golden tests of generated variants: SPEC files, package folders (anywhere), or --all.
 
-    With a Hopper GPU, each sm90 kernel runs against the exact reference and the CPU emulator of
-    its plan; otherwise (and for other targets) each kernel is compiled and its SASS checked, and
-    the plan's algorithm is emulated against the exact reference.
+    With a Hopper GPU, each sm90 forward kernel runs against the exact reference and the CPU emulator
+    of its plan, and each sm90 backward kernel's gradients against the exact reference gradients
+    (repeated bit for bit when the spec is deterministic); otherwise (and for other targets) each
+    kernel is compiled and its SASS checked, and a forward plan's algorithm is emulated against the
+    exact reference. Backward rows name their checks "bwd ...".
     """
     from fa4gen.golden import has_hopper, resolve, run, table_rows
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from fa4gen.emulate import emulate_forward
-from fa4gen.golden.checks import TORCH_DTYPES, _poison_allocator, _seed, cases, make_inputs
+from fa4gen.golden.checks import TORCH_DTYPES, _poison_allocator, case_seed, cases, make_inputs
 from fa4gen.golden.tolerance import against_emulator, against_reference, reference_budget
 from fa4gen.golden.variants import is_package, load_variant, packages_under
 from fa4gen.reference import attention_ref, mask_semantics
@@ -26,7 +26,7 @@ def measure(variant, plan) -> list[str]:
     dtype = TORCH_DTYPES[plan["dtype"]]
     lines = []
     for case in cases(plan):
-        q, k, v = make_inputs(plan, case, seed=_seed(variant, case), device="cuda")
+        q, k, v = make_inputs(plan, case, seed=case_seed(variant, case), device="cuda")
         b, s_q, _, h, _ = case.shape
         out = torch.full((b, s_q, h, plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
         _poison_allocator((b, h, s_q))

@@ -1,10 +1,15 @@
 """Golden tests: the checks `fa4gen test` runs on one kernel of a generated variant.
 
   compile + SASS          (any machine) the kernel compiles for its arch through the cache; its
-                          SASS has the arch's MMA (HGMMA / UTC*MMA) and TMA loads, and no spills
+                          SASS has the arch's MMA (HGMMA / UTC*MMA) and TMA loads, and no spills;
+                          a backward kernel ("bwd compile + SASS") also its TMA reduce-add
+                          (UTMAREDG: dQ, and dK/dV with GQA, are summed in global memory by TMA)
   emulator vs reference   (CPU) the plan's algorithm, emulated, is within the error budget
   kernel vs reference     (Hopper GPU) numerics of the real kernel, output poisoned before the call
   kernel vs emulator      (Hopper GPU) the same, against the emulator, per element in ulps
+
+A backward kernel's numeric checks (Hopper GPU) are in fa4gen.golden.backward; its rows carry the
+direction in front of the check's name ("bwd compile + SASS", "bwd grads vs reference").
 
 Every numeric check runs the same cases: CASE_SHAPES (tile multiples and not, seqlen_q < and >
 seqlen_k, seqlen 1, MHA/GQA/MQA) with the spec's own window/chunk and, for windowed or chunked
@@ -39,6 +44,7 @@ CASE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
 RUNTIME_WINDOW = (37, 5)
 RUNTIME_CHUNK = 64
 MMA_OPCODE = {"sm90": "hgmma", "sm100": "utchmma"}
+TMA_REDUCE_OPCODE = "utmaredg"  # cp.reduce.async.bulk.tensor: the backward's dQ (and GQA dK/dV) sums
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -75,6 +81,11 @@ class Case:
         return kw
 
 
+def check_name(plan: dict, check: str) -> str:
+    """A check's name in the table: as is for a forward kernel, after the direction otherwise."""
+    return check if plan["direction"] == "fwd" else f"{plan['direction']} {check}"
+
+
 def cases(plan: dict, shapes=CASE_SHAPES) -> Iterator[Case]:
     for b, s_q, s_k, h, h_kv in shapes:
         shape = (b, s_q, s_k, h, h_kv if plan["allow_gqa"] else h)
@@ -93,11 +104,11 @@ def make_inputs(plan: dict, case: Case, *, seed: int, device="cpu"):
     return mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"])
 
 
-def _seed(variant: Variant, case: Case) -> int:
+def case_seed(variant: Variant, case: Case) -> int:
     return zlib.crc32(f"{variant.name}/{case.label()}".encode())
 
 
-class _Worst:
+class Worst:
     """Keeps the worst Comparison of a series of cases, and the case it came from."""
 
     def __init__(self, name: str):
@@ -126,10 +137,10 @@ def emulator_vs_reference(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -
         return CheckResult(variant.name, plan["arch"], "emulator vs reference", "skip",
                            f"no emulator for {plan['arch']} yet")
     algo = Algorithm.from_plan(plan)
-    worst = _Worst("emulator vs reference")
+    worst = Worst("emulator vs reference")
     n = 0
     for case in cases(plan, shapes):
-        q, k, v = make_inputs(plan, case, seed=_seed(variant, case))
+        q, k, v = make_inputs(plan, case, seed=case_seed(variant, case))
         emu, emu_lse = emulate_forward(q, k, v, algo, **case.kwargs())
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
         exact, exact_lse = attention_ref(q, k, v, **sem)
@@ -146,7 +157,7 @@ def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
     from fa4gen.compile.generated import compile_generated
     from fa4gen.compile.sass import find_nvdisasm
 
-    arch, check = plan["arch"], "compile + SASS"
+    arch, check = plan["arch"], check_name(plan, "compile + SASS")
     if find_nvdisasm() is None:
         return CheckResult(variant.name, arch, check, "FAIL",
                            "nvdisasm not found (pip install nvidia-cuda-nvdisasm); SASS cannot be checked")
@@ -161,15 +172,22 @@ def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
                            time.perf_counter() - start)
     sass = res.meta.get("sass") or {}
     mma = MMA_OPCODE.get(arch, "hgmma")
-    counts = {mma: sass.get(mma, 0), "utmaldg": sass.get("utmaldg", 0), "ldl": sass.get("ldl", 0),
-              "stl": sass.get("stl", 0)}
-    problems = [f"no {op.upper()}" for op in (mma, "utmaldg") if counts[op] <= 0]
+    required = [mma, "utmaldg"] + ([TMA_REDUCE_OPCODE] if plan["direction"] == "bwd" else [])
+    counts = {op: _opcode_count(sass, op) for op in (*required, "ldl", "stl")}
+    problems = [f"no {op.upper()}" for op in required if counts[op] <= 0]
     problems += [f"{counts[op]} {op.upper()} (spills)" for op in ("ldl", "stl") if counts[op]]
     how = "cached" if res.cache_hit else f"compiled in {res.seconds:.1f}s"
-    detail = (f"{how}; {mma.upper()} {counts[mma]}, UTMALDG {counts['utmaldg']}, LDL/STL "
-              f"{counts['ldl']}/{counts['stl']}, {res.meta.get('registers')} regs")
+    detail = (f"{how}; " + ", ".join(f"{op.upper()} {counts[op]}" for op in required)
+              + f", LDL/STL {counts['ldl']}/{counts['stl']}, {res.meta.get('registers')} regs")
     return CheckResult(variant.name, arch, check, "FAIL" if problems else "pass",
                        "; ".join(problems) + f" ({detail})" if problems else detail, time.perf_counter() - start)
+
+
+def _opcode_count(sass: dict, op: str) -> int:
+    """A SASS summary's count of `op`: its own field, else the base-opcode histogram (UTMAREDG)."""
+    if op in sass:
+        return sass[op]
+    return (sass.get("opcodes") or {}).get(op.upper(), 0)
 
 
 # --- GPU ----------------------------------------------------------------------------------------
@@ -187,10 +205,10 @@ def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> list
     pkg = variant.load()
     algo = Algorithm.from_plan(plan)
     dtype = TORCH_DTYPES[plan["dtype"]]
-    ref_w, emu_w, ev_w = _Worst("kernel vs reference"), _Worst("kernel vs emulator"), _Worst("emulator vs reference")
+    ref_w, emu_w, ev_w = Worst("kernel vs reference"), Worst("kernel vs emulator"), Worst("emulator vs reference")
     n = 0
     for case in cases(plan, shapes):
-        q, k, v = make_inputs(plan, case, seed=_seed(variant, case), device="cuda")
+        q, k, v = make_inputs(plan, case, seed=case_seed(variant, case), device="cuda")
         b, s_q, _, h, _ = case.shape
         out = torch.full((b, s_q, h, plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
         _poison_allocator((b, h, s_q))
@@ -225,6 +243,6 @@ def _poison_allocator(shape) -> None:
 
 
 __all__ = [
-    "CASE_SHAPES", "Case", "CheckResult", "cases", "compile_and_sass", "emulator_vs_reference", "has_hopper",
-    "kernel_numerics", "make_inputs",
+    "CASE_SHAPES", "Case", "CheckResult", "Worst", "case_seed", "cases", "check_name", "compile_and_sass",
+    "emulator_vs_reference", "has_hopper", "kernel_numerics", "make_inputs",
 ]

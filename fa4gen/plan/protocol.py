@@ -14,6 +14,9 @@ tensor core that executes tcgen05 ops in issue order with `tcgen05.commit` arriv
 them, TMA copies that land in any order, and named barriers. It reports a deadlock, a wait that
 passes on the wrong phase (parity aliasing), a buffer written before every consumer released it,
 and a read that sees data other than what the program meant to read (tokens).
+
+Forward kernels only: the SM90 backward's pipelines and barriers live in its template, not in its
+plan, and are not modelled (`forward_only` refuses a backward plan rather than pass it).
 """
 
 from __future__ import annotations
@@ -523,6 +526,7 @@ def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
     and its commits arrive on both CTAs' barriers; the odd CTA's TMA bytes land on the even CTA's full
     barriers and its softmax/correction releases arrive on the even CTA's empty barriers.
     """
+    forward_only(plan)
     P = {p.name: p for p in plan.pipelines}
     T = plan.q_tiles
     tmem_threads = 32 * (1 + 4 * T + 4)
@@ -720,8 +724,17 @@ def sm90_named_barriers(plan):
     return tuple(out)
 
 
+def forward_only(plan) -> None:
+    """The role programs here mirror the forward templates; a backward plan would be checked against a
+    protocol its kernel does not run, and pass for nothing."""
+    direction = getattr(plan, "direction", "fwd")
+    if direction != "fwd":
+        raise ValueError(f"{plan.name} [{plan.arch} {direction}]: the protocol model covers forward kernels only")
+
+
 def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
     """One SM90 CTA (one query tile, `n_blocks` key blocks); mirrors templates/sm90 (_roles, _consumer)."""
+    forward_only(plan)
     P = {p.name: p for p in sm90_pipelines(plan)}
     W = plan.num_mma_warpgroups
     PP = SM90_PINGPONG_BARRIER
@@ -798,12 +811,14 @@ def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
 
 
 def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, seed: int = 0) -> list[ModelRun]:
+    forward_only(plan)
     rng = random.Random(seed)
     model = ProtocolModel(sm90_pipelines(plan), sm90_named_barriers(plan))
     return [model.run(sm90_programs(plan, rng.randint(0, max_blocks)), seed=seed * 7919 + r) for r in range(runs)]
 
 
 def check_sm100(plan, *, runs: int = 40, max_tiles: int = 4, max_blocks: int = 5, seed: int = 0) -> list[ModelRun]:
+    forward_only(plan)
     return model_check(sm100_model_pipelines(plan), sm100_model_named_barriers(plan),
                        lambda tiles: sm100_programs(plan, tiles),
                        runs=runs, max_tiles=max_tiles, max_blocks=max_blocks, seed=seed)
@@ -813,6 +828,7 @@ __all__ = [
     "NamedBarrierSpec",
     "check_sm100",
     "check_sm90",
+    "forward_only",
     "sm100_model_named_barriers",
     "sm100_model_pipelines",
     "sm100_named_barriers",
