@@ -264,3 +264,27 @@ def test_summarize_sass_counts():
 def test_summarize_empty():
     s = summarize_sass("")
     assert s.total == 0 and s.opcodes == {} and s.kernels == ()
+
+
+def test_spills_in_mma_loops_counts_only_the_main_loop():
+    """The backward's golden SASS rule: spills around the loops are tolerated, none inside a loop
+    whose body issues one iteration's MMAs (out-of-line wait loops that branch back across the main
+    loop hold a different MMA count and are not main loops)."""
+    from fa4gen.compile.sass import mma_loops, spills_in_mma_loops
+
+    def line(addr, text):
+        return f"        /*{addr:04x}*/                   {text} ;"
+
+    sass = "\n".join([
+        line(0x00, "STL [R1], R3"),  # before the loop: tolerated
+        ".L_x_1:",
+        line(0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"),
+        line(0x20, "LDL R5, [R1]"),  # inside: counted
+        line(0x30, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"),
+        line(0x40, "@P0 BRA `(.L_x_1)"),
+        line(0x50, "LDL R6, [R1]"),  # after: tolerated
+        line(0x60, "EXIT"),
+    ])
+    assert len(mma_loops(sass, 2)) == 1 and mma_loops(sass, 3) == []
+    assert spills_in_mma_loops(sass, 2) == 1
+    assert spills_in_mma_loops(sass.replace("LDL R5, [R1]", "IADD3 R5, R5, 1, RZ"), 2) == 0

@@ -81,7 +81,9 @@ def _bwd_ms(run, q, k, v) -> tuple[float, tuple]:
     torch.manual_seed(0)  # the same dout for every implementation, laid out like its out
     dout = torch.empty_like(out).copy_(torch.randn(out.shape, device=out.device, dtype=out.dtype))
     out.backward(dout, retain_graph=True)
-    grads = (qg.grad, kg.grad, vg.grad)
+    # copies: do_bench calls the backward several times before it starts clearing .grad, and autograd
+    # accumulates into an existing .grad in place (the 2026-11-29 grid's diff column was inflated by it)
+    grads = tuple(g.clone() for g in (qg.grad, kg.grad, vg.grad))
     ms = do_bench(lambda: out.backward(dout, retain_graph=True), warmup=25, rep=100, grad_to_none=[qg, kg, vg],
                   return_mode="median")
     return ms, grads
