@@ -150,23 +150,11 @@ def test_second_compile_is_a_cache_hit(compiled, recompiled, cache_root, name):
     assert len([p for p in cache_root.iterdir() if p.is_dir()]) == sum(len(v[1]) for v in compiled.values())
 
 
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
-_BACK_BRANCH = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
-
-
 def _block_loops(sass: str, hgmma_per_block: int) -> list[tuple[int, int]]:
     """(instructions, MUFU.EX2) of every loop in the SASS whose body issues one key block's WGMMAs."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = _BACK_BRANCH.search(line)
-        if m and labels.get(m.group(1), i) < i:
-            body = lines[labels[m.group(1)]:i + 1]
-            if sum("HGMMA" in b for b in body) == hgmma_per_block:
-                loops.append((sum(bool(re.match(r"\s*/\*[0-9a-f]+\*/", b)) for b in body),
-                              sum("MUFU.EX2" in b for b in body)))
-    return loops
+    from fa4gen.compile.sass import mma_loops
+
+    return [(len(body), sum("MUFU.EX2" in b for b in body)) for body in mma_loops(sass, hgmma_per_block)]
 
 
 def test_mask_free_block_loop_has_one_exp2_per_score(compiled, cache_root):
