@@ -7,7 +7,6 @@ to check that the second compile is a cache hit.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
