@@ -8,8 +8,8 @@ Three launches: the preprocess (D = rowsum(dO * O) - dLSE and the LSE in log2 un
 kernel, and the postprocess (fp32 accumulators -> gradients in the input dtype).
 
 Main kernel: one CTA per (key block of 128, q head, batch). Warpgroup 0: warp 0 loads K and V once,
-then Q and dO per query block of 128 rows (TMA); warp 1 adds each query block's dQ tile into the fp32
-accumulator in global memory (TMA reduce-add, in key-block order through a semaphore per query block).
+then Q and dO per query block of 128 rows (TMA); warp 1 adds each warpgroup's dQ tile of a query block
+into the fp32 accumulator in global memory (TMA reduce-add, in key-block order through a semaphore per query block).
 Warpgroups 1-2, per query block: S = Q·Kᵀ and dP = dO·Vᵀ, P = exp2(S·scale - LSE), dS = P∘(dP - D),
 then dV += Pᵀ·dO, dK += dSᵀ·Q and dQ = dS·K, with P and dS passed through shared memory.
 """
@@ -38,8 +38,8 @@ PDS_STAGES = 1
 THREADS = 384
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
-# The two consumer warpgroups split S, dP and dQ by columns; dK/dV by key rows (64 each) when
-# TILE_N is 128, by head-dim columns when it is 64.
+# The two consumer warpgroups split dK/dV by key rows (64 each) when TILE_N is 128, by head-dim
+# columns when it is 64.
 DKV_SPLIT = 1
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 # S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
