@@ -57,6 +57,27 @@ def check_threshold(spec: AttentionSpec, problems: list) -> None:
         ))
 
 
+DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}  # spec dtype -> (cutlass, torch)
+
+
+def identity_fields(spec: AttentionSpec, arch: str, cute_arch: str, direction: str) -> dict:
+    """The KernelPlan fields that name a kernel (spec × arch × direction) and its element types."""
+    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
+    return dict(
+        name=spec.name,
+        arch=arch,
+        cute_arch=cute_arch,
+        direction=direction,
+        module=f"{direction}_{arch}",
+        class_name=f"Flash{direction.capitalize()}{arch.capitalize()}",
+        dtype=spec.dtype,
+        cutlass_dtype=cutlass_dtype,
+        torch_dtype=torch_dtype,
+        head_dim=spec.head_dim,
+        head_dim_v=spec.head_dim_v,
+    )
+
+
 def semantic_fields(spec: AttentionSpec, every: int, share: float, fit: PolyFit) -> dict:
     """The KernelPlan fields that restate the spec's semantics (mask, softcap, softmax, interface)."""
     mask, kind = spec.mask, spec.mask.kind

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from fa4gen.plan import protocol
 from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
-from fa4gen.plan.common import check_threshold, poly_choice, semantic_fields
+from fa4gen.plan.common import check_threshold, identity_fields, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
 SMEM_BUDGET = 227 * 1024
@@ -28,7 +28,6 @@ TMEM_COLUMNS = 512
 REG_FILE = 64 * 1024
 THREADS = 512
 MMA_M = 128  # rows of a 1-CTA tcgen05 MMA = TMEM lanes = rows of one Q tile
-DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
 ELEM = 2
 AUTO_TILE_N = (128, 64)
 MAX_AUTO_STAGES = 4
@@ -219,7 +218,6 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     scheduler = "persistent" if kind == "none" else "lpt"
     notes.append("scheduler: persistent grid of one CTA per SM striding over tiles" if scheduler == "persistent"
                  else "scheduler: one CTA per tile, longest (most key blocks) first")
-    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
     if two_cta:
         notes.append(f"two_cta: a cluster of 2 CTAs along M shares {2 * MMA_M}-row cta_group::2 MMAs; each CTA keeps "
                      f"its {MMA_M} rows of Q, S, P and O, and {tile_n // 2} keys of each K block and "
@@ -232,17 +230,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         (r, w) if r != "softmax1" else ("idle", w) for r, w in WARP_ROLES
     )
     return KernelPlan(
-        name=spec.name,
-        arch="sm100",
-        cute_arch="sm_100a",
-        direction="fwd",
-        module="fwd_sm100",
-        class_name="FlashFwdSm100",
-        dtype=spec.dtype,
-        cutlass_dtype=cutlass_dtype,
-        torch_dtype=torch_dtype,
-        head_dim=d,
-        head_dim_v=dv,
+        **identity_fields(spec, "sm100", "sm_100a", "fwd"),
         tile_m=MMA_M * q_tiles * pair,
         tile_n=tile_n,
         kv_stages=stages,

@@ -9,7 +9,7 @@ the consumer register budget under setmaxnreg.
 from __future__ import annotations
 
 from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
-from fa4gen.plan.common import check_threshold, poly_choice, semantic_fields
+from fa4gen.plan.common import check_threshold, identity_fields, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
 SMEM_BUDGET = 227 * 1024
@@ -20,7 +20,6 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # Registers a consumer thread needs besides the S/P/O fragments (addresses, row stats, loop state);
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
-DTYPES = {"bf16": ("BFloat16", "bfloat16"), "fp16": ("Float16", "float16")}
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
 
 
@@ -105,19 +104,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
-    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
     return KernelPlan(
-        name=spec.name,
-        arch="sm90",
-        cute_arch="sm_90a",
-        direction="fwd",
-        module="fwd_sm90",
-        class_name="FlashFwdSm90",
-        dtype=spec.dtype,
-        cutlass_dtype=cutlass_dtype,
-        torch_dtype=torch_dtype,
-        head_dim=spec.head_dim,
-        head_dim_v=spec.head_dim_v,
+        **identity_fields(spec, "sm90", "sm_90a", "fwd"),
         tile_m=tile_m,
         tile_n=tile_n,
         kv_stages=kv_stages,
@@ -213,7 +201,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     if problems:
         raise PlanError(f"{spec.name} [sm90 backward]", problems)
     every, share, fit = poly_choice(spec, tile_n, [])
-    cutlass_dtype, torch_dtype = DTYPES[spec.dtype]
     q_stages, do_stages, pds_stages, dq_buffers = stages
     notes = [
         f"backward tiles: {tile_m} query rows x {tile_n} keys per step; stages Q {q_stages}, dO {do_stages}, "
@@ -227,22 +214,13 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
             "semaphore per tile; cost: a CTA waits for the key blocks before it on every query block — measured "
             + ("0.44-0.67x of the non-deterministic backward with a causal mask (H200, docs/PERF.md; windowed and "
-               "chunked masks not measured)" if spec.mask.kind != "none" else "0.74-1.00x of the non-deterministic backward without a mask (H200, docs/PERF.md)")
+               "chunked masks not measured)" if spec.mask.kind != "none"
+               else "0.74-1.00x of the non-deterministic backward without a mask (H200, docs/PERF.md)")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
     return KernelPlan(
-        name=spec.name,
-        arch="sm90",
-        cute_arch="sm_90a",
-        direction="bwd",
-        module="bwd_sm90",
-        class_name="FlashBwdSm90",
-        dtype=spec.dtype,
-        cutlass_dtype=cutlass_dtype,
-        torch_dtype=torch_dtype,
-        head_dim=d,
-        head_dim_v=dv,
+        **identity_fields(spec, "sm90", "sm_90a", "bwd"),
         tile_m=tile_m,
         tile_n=tile_n,
         kv_stages=1,
