@@ -29,6 +29,19 @@ def _chunk(t: cute.Tensor, c):
     return cute.local_tile(t, (VEC,), (c,))
 
 
+def _row_grid(t: cute.Tensor):
+    """The grid over the rows of a (batch, seqlen, heads, dim) tensor: (row blocks, heads, batch)."""
+    return (cute.ceil_div(t.shape[1], ROWS_PER_CTA), t.shape[2], t.shape[0])
+
+
+@cute.jit
+def _thread_row():
+    """(batch, head, row, lane of the row's quad) of this thread: 4 lanes per row, 32 rows per CTA."""
+    tidx, _, _ = cute.arch.thread_idx()
+    blk, head, batch = cute.arch.block_idx()
+    return batch, head, blk * ROWS_PER_CTA + tidx // 4, tidx % 4
+
+
 class Preprocess:
     """D and LSE2 of every query row (one launch before the main backward kernel)."""
 
@@ -38,16 +51,12 @@ class Preprocess:
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mD: cute.Tensor, stream):
-        grid = (cute.ceil_div(mO.shape[1], ROWS_PER_CTA), mO.shape[2], mO.shape[0])
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD).launch(grid=_row_grid(mO), block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                mLSE2: cute.Tensor, mD: cute.Tensor):
-        tidx, _, _ = cute.arch.thread_idx()
-        blk, head, batch = cute.arch.block_idx()
-        row = blk * ROWS_PER_CTA + tidx // 4
-        lane4 = tidx % 4
+        batch, head, row, lane4 = _thread_row()
         acc = Float32(0.0)
         if row < mO.shape[1]:
             o_row = mO[batch, row, head, None]
@@ -81,15 +90,11 @@ class Convert:
 
     @cute.jit
     def __call__(self, src: cute.Tensor, dst: cute.Tensor, scale: Float32, stream):
-        grid = (cute.ceil_div(src.shape[1], ROWS_PER_CTA), src.shape[2], src.shape[0])
-        self.kernel(src, dst, scale).launch(grid=grid, block=[THREADS, 1, 1], stream=stream)
+        self.kernel(src, dst, scale).launch(grid=_row_grid(src), block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, dst: cute.Tensor, scale: Float32):
-        tidx, _, _ = cute.arch.thread_idx()
-        blk, head, batch = cute.arch.block_idx()
-        row = blk * ROWS_PER_CTA + tidx // 4
-        lane4 = tidx % 4
+        batch, head, row, lane4 = _thread_row()
         if row < src.shape[1]:
             s_row = src[batch, row, head, None]
             d_row = dst[batch, row, head, None]
