@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -20,9 +19,9 @@ import torch
 from fa4gen.builder import build_module
 from fa4gen.compile.cache import DiskCache
 from fa4gen.compile.generated import compile_generated
-from fa4gen.reference import attention_ref
+from fa4gen.api.runtime import ForwardOp
+from fa4gen.reference import attention_ref, attention_ref_grads
 
-LOG2_E = math.log2(math.e)
 
 SPECS = {
     "b128c": dict(head_dim=128, mask={"kind": "causal"}, allow_gqa=False),
@@ -84,10 +83,11 @@ def bench(root: Path, names, seqlens=(2048, 16384)) -> list[dict]:
                   torch.empty(b, h, s, device="cuda"), torch.empty(b, h, s, device="cuda"),
                   torch.zeros(b, s, h, d, device="cuda")]
             scale = d ** -0.5
+            args = ForwardOp._backward_args(plan, scale, None, None, seqlens=(s, s))
 
             def ours():
                 ws[-1].zero_()
-                fn(q, k, v, out, do, lse, *ws, scale * LOG2_E, scale)
+                fn(q, k, v, out, do, lse, *ws, *args)
 
             flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
             t = median_ms(ours)
@@ -123,13 +123,9 @@ def run_case(pkg_dir: Path, name: str, plan: dict, fwd_plan: dict, fn, shape, de
     if plan["chunked"]:
         mask["chunk"] = plan["chunk_size"]
     # forward in fp32 (the saved O and LSE are what the kernel's forward would give, up to rounding)
-    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
-    out_f, lse_f = attention_ref(qf, kf, vf, softmax_scale=scale, dtype=torch.float32, **mask)
-    out_f.backward(dout.float())
-    # low-precision reference for the error budget
-    q16, k16, v16 = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    out16, _ = attention_ref(q16, k16, v16, softmax_scale=scale, upcast=False, **mask)
-    out16.backward(dout)
+    out_f, lse_f = attention_ref(q, k, v, softmax_scale=scale, dtype=torch.float32, **mask)
+    ref_grads = attention_ref_grads(q, k, v, dout, softmax_scale=scale, **mask)  # exact (fp32)
+    low_grads = attention_ref_grads(q, k, v, dout, softmax_scale=scale, upcast=False, **mask)  # the budget
     out = out_f.detach().to(dtype)
     lse = lse_f.detach().float().contiguous()
     dlse = torch.zeros_like(lse)
@@ -146,15 +142,7 @@ def run_case(pkg_dir: Path, name: str, plan: dict, fwd_plan: dict, fn, shape, de
         tensors.append(torch.zeros(b, h, -(-s_q // plan["tile_m"]), device=dev, dtype=torch.int32))
         if plan["dkv_accum"]:
             tensors.append(torch.zeros(b, h_kv, -(-s_k // plan["tile_n"]), device=dev, dtype=torch.int32))
-    softcap = plan["softcap"]
-    args = [softcap * LOG2_E if softcap > 0 else scale * LOG2_E]
-    if softcap > 0:
-        args.append(scale / softcap)
-    args.append(scale)  # grad_scale, after the softcap entries
-    if plan["local"]:
-        args += [plan["window_left"], plan["window_right"]]
-    if plan["chunked"]:
-        args.append(plan["chunk_size"])
+    args = ForwardOp._backward_args(plan, scale, None, None, seqlens=(s_q, s_k))  # the runtime's own
 
     def launch():
         for t in tensors[12:]:
@@ -166,7 +154,7 @@ def run_case(pkg_dir: Path, name: str, plan: dict, fwd_plan: dict, fn, shape, de
 
     got = launch()
     rows = []
-    for gname, g, ref, lp in zip(("dq", "dk", "dv"), got, (qf.grad, kf.grad, vf.grad), (q16.grad, k16.grad, v16.grad)):
+    for gname, g, ref, lp in zip(("dq", "dk", "dv"), got, ref_grads, low_grads):
         err = (g.float() - ref).abs().max().item()
         budget = 2 * (lp.float() - ref).abs().max().item() + 1e-3 * (1 + ref.abs().max().item())
         rows.append((gname, err, budget, bool(torch.isfinite(g).all()) and err <= budget))
