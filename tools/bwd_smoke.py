@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import zlib
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import torch
