@@ -1,9 +1,9 @@
 """The deterministic backward's dQ order, simulated: key-block CTAs launch in blockIdx order onto a
 limited number of SMs (a CTA keeps its SM until it finishes), each walks its query blocks in
 ascending order and, at every query block, waits for its turn on that block's semaphore before
-adding its dQ tile. The kernel today adds key blocks first-to-last (turn = n_block - n_first, CTAs
-launched in ascending key-block order); docs/next/det_reverse_order.patch switches to last-to-first
-(turn = n_end - 1 - n_block, CTAs launched in descending order). Checked for both: no schedule
+adding its dQ tile. The kernel adds key blocks last-to-first (turn = n_end - 1 - n_block, CTAs
+launched in descending key-block order; GPU-verified, docs/PERF.md); the earlier first-to-last order
+(turn = n_block - n_first, ascending launch) is simulated too. Checked for both: no schedule
 deadlocks whatever the number of SMs; and the causal wavefront that descending order removes."""
 
 import itertools

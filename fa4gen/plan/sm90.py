@@ -212,10 +212,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     if spec.deterministic:
         notes.append(
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
-            "semaphore per tile; cost: a CTA waits for the key blocks before it on every query block — measured "
-            + ("0.44-0.67x of the non-deterministic backward with a causal mask (H200, docs/PERF.md; windowed and "
+            "semaphore per tile, key blocks last to first; cost: a CTA waits for the key blocks after it on every "
+            "query block — measured "
+            + ("0.88-0.94x of the non-deterministic backward with a causal mask (H200, docs/PERF.md; windowed and "
                "chunked masks not measured)" if spec.mask.kind != "none"
-               else "0.74-1.00x of the non-deterministic backward without a mask (H200, docs/PERF.md)")
+               else "0.74-1.01x of the non-deterministic backward without a mask, lowest at short seqlens "
+                    "(H200, docs/PERF.md)")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE

@@ -195,6 +195,10 @@ class FlashBwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        # key blocks add into a query block's dQ last-to-first, and the CTAs launch in that order: a
+        # block's first (diagonal) query blocks then wait for nobody, and every CTA waited for was
+        # launched earlier (so a waiting CTA never holds an SM its predecessor needs)
+        n_block = cute.ceil_div(mK.shape[0], TILE_N) - 1 - n_block
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
@@ -262,11 +266,11 @@ class FlashBwdSm90:
                         cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         if cutlass.const_expr(w == 0):
-                            # key blocks add into a query block's dQ in ascending order
-                            n_first = Int32(0)
+                            # key blocks add into a query block's dQ in descending order
+                            n_end = cute.ceil_div(seqlen_k, TILE_N)
                             sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
                             if cute.arch.lane_idx() == 0:
-                                bwd.wait_turn(sem, n_block - n_first)
+                                bwd.wait_turn(sem, n_end - 1 - n_block)
                             cute.arch.sync_warp()
                         if cutlass.const_expr(ROW_SPLIT):
                             tile = tdQgdQ[None, m_block * 2 + w, 0]
