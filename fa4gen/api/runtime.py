@@ -4,7 +4,9 @@ backward launches the package's backward kernels.
 
 Conventions are flash_attn_func's: q (batch, seqlen_q, heads, head_dim), k/v (batch, seqlen_k,
 kv_heads, head_dim[_v]), GQA/MQA when kv_heads divides heads; the LSE is (batch, heads, seqlen_q)
-fp32 in natural log. Every bad argument raises ValueError/TypeError naming the argument and what
+fp32 in natural log. Specs with varlen: true take flash_attn_varlen_func's packed form instead:
+q (total_q, heads, head_dim), k/v (total_k, kv_heads, ...), cu_seqlens_q/k, optional seqused_k and
+max_seqlen_q; the LSE is (heads, total_q). Every bad argument raises ValueError/TypeError naming the argument and what
 was expected, before anything is launched.
 """
 
@@ -24,6 +26,7 @@ import torch
 
 from fa4gen.compile.cache import DiskCache
 from fa4gen.compile.generated import compile_generated
+from fa4gen.reference import check_cu_seqlens_values, check_seqused_values
 
 LOG2_E = math.log2(math.e)
 CAPABILITY_TO_ARCH = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100"}
@@ -42,10 +45,13 @@ def _fail(message: str, kind=ValueError):
     raise kind(message)
 
 
-def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int) -> None:
+def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int, packed: bool = False) -> None:
     if not isinstance(t, torch.Tensor):
         _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}", TypeError)
-    if t.dim() != 4:
+    if packed and t.dim() != 3:
+        _fail(f"{name}: expected 3 dims (total, heads, head_dim) — a varlen spec takes packed sequences — "
+              f"got shape {tuple(t.shape)}")
+    if not packed and t.dim() != 4:
         _fail(f"{name}: expected 4 dims (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
     if t.dtype != dtype:
         _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}", TypeError)
@@ -60,6 +66,75 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     aligned = t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
     # .contiguous() would return a contiguous but misaligned tensor unchanged: copy explicitly
     return t if aligned else torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+
+
+class Packed:
+    """The sequence arguments of a varlen call, checked: cu_seqlens_q/k (int32, batch + 1),
+    seqused_k (int32, batch, or None) and max_seqlen_q (int, or None until resolved)."""
+
+    __slots__ = ("cu_q", "cu_k", "seqused_k", "max_seqlen_q")
+
+    def __init__(self, cu_q, cu_k, seqused_k, max_seqlen_q):
+        self.cu_q, self.cu_k, self.seqused_k, self.max_seqlen_q = cu_q, cu_k, seqused_k, max_seqlen_q
+
+    @property
+    def batch(self) -> int:
+        return self.cu_q.shape[0] - 1
+
+    def tensors(self):
+        return (("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)) + (
+            (("seqused_k", self.seqused_k),) if self.seqused_k is not None else ())
+
+    @classmethod
+    def check(cls, name: str, varlen: bool, cu_q, cu_k, max_seqlen_q, seqused_k) -> "Packed | None":
+        given = [n for n, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k), ("max_seqlen_q", max_seqlen_q),
+                                ("seqused_k", seqused_k)) if t is not None]
+        if not varlen:
+            if given:
+                _fail(f"{given[0]}: spec {name} was built without varlen; set varlen: true in the spec to pass packed "
+                      "sequences")
+            return None
+        for arg, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+            if t is None:
+                _fail(f"{arg}: spec {name} is varlen: pass cu_seqlens_q and cu_seqlens_k (int32 cumulative sequence "
+                      "lengths, batch + 1 entries starting at 0)")
+        for arg, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k), ("seqused_k", seqused_k)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor):
+                _fail(f"{arg}: expected a torch.Tensor, got {type(t).__name__}", TypeError)
+            if t.dtype != torch.int32 or t.dim() != 1:
+                _fail(f"{arg}: expected a 1-D int32 tensor, got {t.dim()}-D {t.dtype}", TypeError)
+        if cu_q.shape[0] < 2:
+            _fail(f"cu_seqlens_q: expected batch + 1 >= 2 entries, got {cu_q.shape[0]}")
+        if cu_k.shape[0] != cu_q.shape[0]:
+            _fail(f"cu_seqlens_k: expected {cu_q.shape[0]} entries like cu_seqlens_q, got {cu_k.shape[0]}")
+        if cu_q.shape[0] - 1 > GRID_LIMIT:
+            _fail(f"cu_seqlens_q: at most {GRID_LIMIT} sequences, got {cu_q.shape[0] - 1}")
+        if seqused_k is not None and seqused_k.shape[0] != cu_q.shape[0] - 1:
+            _fail(f"seqused_k: expected {cu_q.shape[0] - 1} entries (one per sequence), got {seqused_k.shape[0]}")
+        if max_seqlen_q is not None and (
+            isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q < 2**31
+        ):
+            _fail(f"max_seqlen_q: expected None or an int in [0, 2**31), got {max_seqlen_q!r}")
+        return cls(cu_q.contiguous(), cu_k.contiguous(), None if seqused_k is None else seqused_k.contiguous(),
+                   max_seqlen_q)
+
+    def resolve(self, total_q: int, total_k: int) -> None:
+        """Without max_seqlen_q, read the sequence tensors back once (one device sync), check their
+        values and take the longest query sequence. With it, the caller vouches for them, as with
+        flash_attn_varlen_func (the kernel clamps every offset into the packed tensors, so bad values
+        give wrong rows, never a stray memory access)."""
+        if self.max_seqlen_q is not None:
+            return
+        parts = [self.cu_q, self.cu_k] + ([self.seqused_k] if self.seqused_k is not None else [])
+        values = torch.cat(parts).tolist()
+        n = self.cu_q.shape[0]
+        cu_q = check_cu_seqlens_values("cu_seqlens_q", values[:n], total_q, None)
+        cu_k = check_cu_seqlens_values("cu_seqlens_k", values[n:2 * n], total_k, None)
+        if self.seqused_k is not None:
+            check_seqused_values(values[2 * n:], cu_k)
+        self.max_seqlen_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
 
 
 class ForwardOp:
@@ -136,12 +211,19 @@ class ForwardOp:
                 fn(*args)
 
     # -- call -----------------------------------------------------------------------------
-    def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
-        plan = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
-                             return_lse=return_lse, out=out)
+    def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None):
+        plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
+                                     return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k)
         # device checks come after every device-independent one, so errors name the real problem
-        self._check_devices(q.device, (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ()))
+        self._check_devices(q.device, (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ())
+                            + (packed.tensors() if packed is not None else ()))
         scale = self._scale(softmax_scale, plan)
+        if packed is not None:
+            packed.resolve(q.shape[0], k.shape[0])
+            out, lse = self._forward_packed(plan, q, k, v, scale, window, chunk_size, out, packed)
+            return (out, lse) if return_lse else out
         if self.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size)
         else:
@@ -167,15 +249,42 @@ class ForwardOp:
         self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
         return out, lse, (q, k, v)
 
-    def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None):
-        """Every check that needs no GPU, in argument order; returns a plan of this package."""
+    def _forward_packed(self, plan, q, k, v, scale: float, window, chunk_size, out, packed: Packed):
+        """Launch the varlen forward on checked, resolved packed sequences: (out, lse or None)."""
+        plan = self.plans[self.arch_for(q.device)]
+        total_q, h, _ = q.shape
+        if out is None:
+            out = torch.empty((total_q, h, plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
+                              device=q.device)
+        lse = torch.empty((h, total_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
+        # totals bound every sequence's lengths: clamping windows / chunks to them keeps each sequence's mask
+        args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(total_q, k.shape[0]))
+        if out.numel() == 0 or k.shape[0] == 0:
+            out.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
+            return out, lse
+        args += [packed.max_seqlen_q, int(packed.seqused_k is not None)]
+        seqused = packed.seqused_k if packed.seqused_k is not None else packed.cu_k  # unread when not used
+        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
+        # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
+        tensors = [q[None], k[None], v[None], out[None]] + ([lse[None]] if lse is not None else [])
+        tensors += [packed.cu_q, packed.cu_k, seqused]
+        self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
+        return out, lse
+
+    def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None):
+        """Every check that needs no GPU, in argument order; returns (a plan of this package, the
+        checked varlen arguments or None)."""
         plan = next(iter(self.plans.values()), None)
         if plan is None:
             _fail(f"{self.name}: this package has no kernels ({self.unavailable})", RuntimeError)
         dtype = getattr(torch, plan["torch_dtype"])
-        check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"])
-        check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"])
-        check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"])
+        packed_spec = bool(plan.get("varlen", False))
+        check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
+        check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
+        check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"], packed=packed_spec)
         grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         if grad and not self.bwd_plans:
             name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad)
@@ -184,17 +293,25 @@ class ForwardOp:
                 "run under torch.no_grad() or build a spec with backward: true",
                 RuntimeError,
             )
-        self._check_shapes(q, k, v, plan)
+        if packed_spec:
+            self._check_packed_shapes(q, k, v, plan)
+            seqlens = (q.shape[0], k.shape[0])
+            out_shape = (q.shape[0], q.shape[1], plan["head_dim_v"])
+        else:
+            self._check_shapes(q, k, v, plan)
+            seqlens = (q.shape[1], k.shape[1])
+            out_shape = (q.shape[0], q.shape[1], q.shape[2], plan["head_dim_v"])
         self._scale(softmax_scale, plan)
-        self._runtime_args(plan, 1.0, window, chunk_size, seqlens=(q.shape[1], k.shape[1]))
+        self._runtime_args(plan, 1.0, window, chunk_size, seqlens=seqlens)
         if return_lse and not plan["write_lse"]:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
         if out is not None:
             if grad:
                 _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
                       "drop out= or run under torch.no_grad()", RuntimeError)
-            self._check_out(out, (q.shape[0], q.shape[1], q.shape[2], plan["head_dim_v"]), dtype)
-        return plan
+            self._check_out(out, out_shape, dtype)
+        packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k)
+        return plan, packed
 
     # -- backward -------------------------------------------------------------------------
     def backward(self, q, k, v, out, dout, lse, dlse=None, *, softmax_scale=None, window=None, chunk_size=None):
@@ -279,15 +396,27 @@ class ForwardOp:
             _fail(f"k, v: expected batch {q.shape[0]} like q, got {k.shape[0]} and {v.shape[0]}")
         if k.shape[1] != v.shape[1]:
             _fail(f"v: expected seqlen_k {k.shape[1]} like k, got {v.shape[1]}")
-        if k.shape[2] != v.shape[2]:
-            _fail(f"v: expected {k.shape[2]} kv heads like k, got {v.shape[2]}")
-        h, h_kv = q.shape[2], k.shape[2]
+        self._check_heads(q.shape[2], k.shape[2], v.shape[2], plan)
+        if q.shape[0] > GRID_LIMIT:
+            _fail(f"q: batch must be <= {GRID_LIMIT}, got {q.shape[0]}")
+
+    def _check_packed_shapes(self, q, k, v, plan) -> None:
+        if k.shape[0] != v.shape[0]:
+            _fail(f"v: expected total_k {k.shape[0]} rows like k, got {v.shape[0]}")
+        self._check_heads(q.shape[1], k.shape[1], v.shape[1], plan)
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[0] >= 2**31:
+                _fail(f"{name}: at most 2**31 - 1 packed rows, got {t.shape[0]}")
+
+    def _check_heads(self, h: int, h_kv: int, h_v: int, plan) -> None:
+        if h_kv != h_v:
+            _fail(f"v: expected {h_kv} kv heads like k, got {h_v}")
         if h_kv == 0 or h % h_kv:
             _fail(f"k: kv heads ({h_kv}) must divide q heads ({h})")
         if h != h_kv and not plan["allow_gqa"]:
             _fail(f"k: spec {self.name} has allow_gqa: false, so k/v need {h} heads like q, got {h_kv}")
-        if q.shape[0] > GRID_LIMIT or h > GRID_LIMIT:
-            _fail(f"q: batch and heads must be <= {GRID_LIMIT}, got {q.shape[0]} and {h}")
+        if h > GRID_LIMIT:
+            _fail(f"q: heads must be <= {GRID_LIMIT}, got {h}")
 
     @staticmethod
     def _check_out(out, shape, dtype) -> None:

@@ -28,6 +28,15 @@ def semaphores(b, h, n):
     return runtime.make_fake_compact_tensor(Int32, (b, h, n), stride_order=(2, 1, 0), assumed_align=4)
 
 
+def cu_seqlens():
+    """(cu_seqlens_q, cu_seqlens_k, seqused_k) of a varlen call: int32, batch + 1 / batch + 1 / batch."""
+    n = cute.sym_int()
+    return tuple(
+        runtime.make_fake_compact_tensor(Int32, (size,), stride_order=(0,), assumed_align=4)
+        for size in (n, n, cute.sym_int())
+    )
+
+
 def stream():
     """The caller's current CUDA stream, picked up at call time through TVM-FFI."""
     return runtime.make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -98,4 +98,5 @@ def semantic_fields(spec: AttentionSpec, every: int, share: float, fit: PolyFit)
         poly_max_rel_error=fit.max_rel_error,
         write_lse=spec.return_lse or spec.backward,
         allow_gqa=spec.allow_gqa,
+        varlen=spec.varlen,
     )

@@ -80,6 +80,7 @@ class KernelPlan:
     # interface
     write_lse: bool
     allow_gqa: bool
+    varlen: bool = False  # packed sequences: cu_seqlens_q/k (+ seqused_k), bounded TMA views per sequence
     # checked budgets
     budgets: tuple[Budget, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)

@@ -61,8 +61,6 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
             f"(got {spec.head_dim}/{spec.head_dim_v})",
         ))
     check_threshold(spec, problems)
-    if spec.varlen:
-        problems.append(problem("varlen", "varlen is not available in the sm90 family yet (planned in issue #3)"))
 
     elem = 2
     smem = (
@@ -158,7 +156,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             f"of 16 (got {d}/{dv})",
         ))
     if spec.varlen:
-        problems.append(problem("varlen", "varlen is not available in the sm90 family yet"))
+        problems.append(problem("varlen", "varlen is not available in the sm90 backward yet"))
     # dK/dV accumulators (tile_n x d per CTA) must fit next to S, dP: 64 key rows per warpgroup up to
     # d 128, 32 (by head-dim halves) above. With 64 key rows per warpgroup the kernel computes Sᵀ and
     # dPᵀ (keys as WGMMA rows), so each warpgroup holds the Pᵀ/dSᵀ rows its dV/dK rows need: they feed

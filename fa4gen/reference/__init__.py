@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["attention_ref", "attention_ref_grads", "attention_ref_varlen", "error_budget", "mask_semantics", "visible"]
+__all__ = ["attention_ref", "attention_ref_grads", "attention_ref_varlen", "check_cu_seqlens_values", "check_seqused_values",
+           "error_budget",
+           "mask_semantics", "visible"]
 
 
 def visible(seqlen_q: int, seqlen_k: int, *, causal=False, window=None, chunk=None, device=None) -> torch.Tensor:
@@ -106,7 +108,12 @@ def attention_ref_grads(q, k, v, dout, *, dlse=None, upcast=True, dtype=None, **
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, batch: int | None) -> list[int]:
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"{name}: expected a 1-D int32/int64 tensor")
-    values = cu.tolist()
+    return check_cu_seqlens_values(name, cu.tolist(), total, batch)
+
+
+def check_cu_seqlens_values(name: str, values: list[int], total: int, batch: int | None) -> list[int]:
+    """Cumulative sequence lengths as flash_attn_varlen_func takes them: `batch` + 1 entries from 0,
+    non-decreasing, ending at the packed length `total`. Raises ValueError naming `name`."""
     if batch is not None and len(values) != batch + 1:
         raise ValueError(f"{name}: expected {batch + 1} entries (batch + 1), got {len(values)}")
     if not values or values[0] != 0:
@@ -116,6 +123,16 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, batch: int | None
     if values[-1] != total:
         raise ValueError(f"{name}: last entry must equal the packed length {total}, got {values[-1]}")
     return values
+
+
+def check_seqused_values(used: list[int], cu_k: list[int]) -> list[int]:
+    """seqused_k: one key count per sequence, each within that sequence's cu_seqlens_k length."""
+    if len(used) != len(cu_k) - 1:
+        raise ValueError(f"seqused_k: expected {len(cu_k) - 1} entries (batch), got {len(used)}")
+    for i, (n, k0, k1) in enumerate(zip(used, cu_k, cu_k[1:])):
+        if not 0 <= n <= k1 - k0:
+            raise ValueError(f"seqused_k: entry {i} must be in [0, {k1 - k0}], got {n}")
+    return used
 
 
 def attention_ref_varlen(
@@ -131,19 +148,13 @@ def attention_ref_varlen(
     """
     cq = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], None)
     ck = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], len(cq) - 1)
-    used = None
-    if seqused_k is not None:
-        used = seqused_k.tolist()
-        if len(used) != len(cq) - 1:
-            raise ValueError(f"seqused_k: expected {len(cq) - 1} entries (batch), got {len(used)}")
+    used = None if seqused_k is None else check_seqused_values(seqused_k.tolist(), ck)
     kw = dict(softmax_scale=softmax_scale, causal=causal, window=window, chunk=chunk, softcap=softcap,
               upcast=upcast, dtype=dtype)
     outs, lses = [], []
     for i in range(len(cq) - 1):
         k0, k1 = ck[i], ck[i + 1]
         if used is not None:
-            if not 0 <= used[i] <= k1 - k0:
-                raise ValueError(f"seqused_k: entry {i} must be in [0, {k1 - k0}], got {used[i]}")
             k1 = k0 + used[i]
         o, lse = attention_ref(q[None, cq[i]:cq[i + 1]], k[None, k0:k1], v[None, k0:k1], **kw)
         outs.append(o[0])

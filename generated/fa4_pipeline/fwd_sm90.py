@@ -121,9 +121,11 @@ class FlashFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = cute.make_tensor(cute.recast_ptr(sQ.iterator, sO_layout.inner, DTYPE), sO_layout.outer)
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        mQ_s, mK_s = mQ[None, None, head, batch], mK[None, None, head_kv, batch]
+        mV_s, mO_s = mV[None, None, head_kv, batch], mO[None, None, head, batch]
         bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
         n_min, n_max = mask.n_block_range(bounds, TILE_N)
 
@@ -131,9 +133,9 @@ class FlashFwdSm90:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
             if warp_idx == 0:
                 # Load role: Q once, then K and V per key block, last block first
-                gQ = cute.local_tile(mQ[None, None, head, batch], (TILE_M, HEAD_DIM), (m_block, 0))
-                gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM), (None, 0))
-                gV = cute.local_tile(mV[None, None, head_kv, batch], (HEAD_DIM_V, TILE_N), (0, None))
+                gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (m_block, 0))
+                gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (None, 0))
+                gV = cute.local_tile(mV_s, (HEAD_DIM_V, TILE_N), (0, None))
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
@@ -306,7 +308,7 @@ class FlashFwdSm90:
             else:
                 cute.arch.barrier_arrive(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
             if warp_idx == 4:
-                gO = cute.local_tile(mO[None, None, head, batch], (TILE_M, HEAD_DIM_V), (m_block, 0))
+                gO = cute.local_tile(mO_s, (TILE_M, HEAD_DIM_V), (m_block, 0))
                 tOsO, tOgO = hopper.tma_split(tma_o, sO, gO)
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()

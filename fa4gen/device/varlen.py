@@ -1,0 +1,72 @@
+"""Device helpers for packed variable-length sequences (spec `varlen: true`).
+
+Packed tensors hold every sequence's rows back to back: (total, heads, dim), sequence i at rows
+cu_seqlens[i] : cu_seqlens[i + 1]. A TMA box that starts inside one sequence can run past its end
+into the next one: harmless for loads that the mask discards, wrong for stores (they would overwrite
+the next sequence's output) and for keys past seqused_k (unused cache slots may hold NaN, and 0·NaN
+poisons P·V). So every packed tensor gets a *bounded* view in which the rows past a sequence's end
+are out of bounds for TMA — loads read zeros there, stores drop them — with no per-sequence
+descriptor and no change to the base pointer:
+
+  the row mode (stride s) gets extent SPAN = 2^30, and two trailing modes are added, of strides
+  W = 2^34 - s and s. Row r of the sequence at `offset` with `length` rows is addressed as
+  (SPAN - length + r, ..., SPAN, offset + length):
+      (SPAN - length + r)·s + SPAN·W + (offset + length)·s = (offset + r)·s + SPAN·2^34,
+  and SPAN·2^34 = 2^64 vanishes in TMA's 64-bit address arithmetic. TMA's bounds check on the row
+  mode (< SPAN) is exactly r < length.
+
+Triton's ragged TMA tensors use this two-extra-mode form (written here for fa4gen). A one-extra-
+mode variant that moves the base pointer back by SPAN rows instead faults on TMA *loads* (the moved
+pointer must be mapped memory; measured here: an illegal address on the H200), so it is not used.
+The view takes a tensor of at most 3 modes (TMA addresses 5).
+
+Per-sequence bounds are read from cu_seqlens and clamped to the packed extents, so malformed
+offsets cannot reach memory outside the tensors (the runtime validates them on the host unless the
+caller passes max_seqlen_q and takes responsibility, as flash_attn_varlen_func does).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+SPAN = 2**30  # extent of the bounded row mode: a sequence's rows sit at [SPAN - length, SPAN)
+WRAP = 2**64 // SPAN  # SPAN * WRAP elements is 0 modulo 2^64 bytes, whatever the element size
+ENDS = 2**31 - 1  # extent of the two extra modes
+
+
+def bounded_view(t: cute.Tensor, mode: int) -> cute.Tensor:
+    """`t` (at most 3 modes) with `mode`, its packed sequence-row mode, bounded per sequence by
+    `sequence_rows`."""
+    assert cute.rank(t) <= 3, "a bounded view adds two modes; TMA takes at most 5"
+    row_stride = t.stride[mode]
+    shape = tuple(SPAN if i == mode else t.shape[i] for i in range(cute.rank(t))) + (ENDS, ENDS)
+    stride = t.stride + (WRAP - row_stride, row_stride)
+    return cute.make_tensor(t.iterator, cute.make_layout(shape, stride=stride))
+
+
+@cute.jit
+def sequence_rows(view: cute.Tensor, offset: Int32, length: Int32, mode: cutlass.Constexpr[int]) -> cute.Tensor:
+    """The rows [offset, offset + length) of a bounded view (or of its TMA coordinate tensor), as a
+    tensor of the original rank whose row `r` is row offset + r of the packed tensor and whose rows
+    at or past `length` are out of bounds."""
+    rank = cute.rank(view)
+    picked = view[(None,) * (rank - 2) + (SPAN, offset + length)]
+    return cute.domain_offset(tuple(SPAN - length if i == mode else None for i in range(rank - 2)), picked)
+
+
+@cute.jit
+def sequence_bounds(cu_seqlens: cute.Tensor, seq: Int32, total: Int32):
+    """(offset, length) of sequence `seq` in a packed tensor of `total` rows, clamped into it."""
+    start = cutlass.min(cutlass.max(cu_seqlens[seq], 0), total)
+    end = cutlass.min(cutlass.max(cu_seqlens[seq + 1], start), total)
+    return start, end - start
+
+
+@cute.jit
+def used_length(seqused: cute.Tensor, seq: Int32, length: Int32, use: Int32) -> Int32:
+    """The key count of sequence `seq`: seqused[seq] when `use` is set (clamped to its cu_seqlens
+    length), else the full length."""
+    used = length
+    if use != 0:
+        used = cutlass.min(cutlass.max(seqused[seq], 0), length)
+    return used

@@ -1,0 +1,108 @@
+"""The varlen API without CUDA: a `varlen: true` spec's `attention` takes packed sequences
+(flash_attn_varlen_func conventions), and every bad varlen argument is named before anything is
+launched (on the CPU the checks run up to "expected a CUDA tensor", which comes after them)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+
+import pytest
+import torch
+
+import fa4gen
+from fa4gen.api.runtime import Packed
+
+SPEC = {"name": "varlen_probe", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "varlen": True,
+        "return_lse": True, "mask": {"kind": "causal"}}
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory):
+    before = set(sys.modules)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FA4GEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    yield fa4gen.build(dict(SPEC))
+    mp.undo()
+    for mod in set(sys.modules) - before:
+        if mod.startswith("fa4gen_pkg_"):
+            del sys.modules[mod]
+
+
+def _packed(tq=10, tk=12, h=4, h_kv=2, d=64, dtype=torch.bfloat16):
+    return (torch.zeros(tq, h, d, dtype=dtype), torch.zeros(tk, h_kv, d, dtype=dtype),
+            torch.zeros(tk, h_kv, d, dtype=dtype))
+
+
+def _i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+GOOD = dict(cu_seqlens_q=_i32([0, 4, 10]), cu_seqlens_k=_i32([0, 6, 12]))
+
+
+def test_signature_has_the_varlen_arguments(pkg):
+    params = inspect.signature(pkg.attention).parameters
+    assert list(params) == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "seqused_k",
+                            "softmax_scale", "return_lse", "out"]
+    assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[3:])
+    assert pkg._forward.plans["sm90"]["varlen"] is True
+    assert "flash_attn_varlen_func" in pkg.attention.__doc__
+
+
+def test_a_well_formed_call_reaches_the_device_check(pkg):
+    with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):
+        pkg.attention(*_packed(), **GOOD, max_seqlen_q=6)
+
+
+BAD = [
+    (dict(), lambda: _packed(), "cu_seqlens_q: spec varlen_probe is varlen: pass cu_seqlens_q and cu_seqlens_k"),
+    (dict(cu_seqlens_q=_i32([0, 10])), lambda: _packed(), "cu_seqlens_k: spec varlen_probe is varlen"),
+    (dict(GOOD), lambda: tuple(t[None] for t in _packed()), "q: expected 3 dims (total, heads, head_dim)"),
+    (dict(cu_seqlens_q=[0, 4, 10], cu_seqlens_k=GOOD["cu_seqlens_k"]), _packed, "cu_seqlens_q: expected a torch.Tensor"),
+    (dict(cu_seqlens_q=GOOD["cu_seqlens_q"].long(), cu_seqlens_k=GOOD["cu_seqlens_k"]), _packed,
+     "cu_seqlens_q: expected a 1-D int32 tensor"),
+    (dict(cu_seqlens_q=_i32([[0, 10]]), cu_seqlens_k=GOOD["cu_seqlens_k"]), _packed,
+     "cu_seqlens_q: expected a 1-D int32 tensor"),
+    (dict(cu_seqlens_q=_i32([0]), cu_seqlens_k=_i32([0])), _packed, "cu_seqlens_q: expected batch + 1 >= 2"),
+    (dict(cu_seqlens_q=GOOD["cu_seqlens_q"], cu_seqlens_k=_i32([0, 12])), _packed,
+     "cu_seqlens_k: expected 3 entries like cu_seqlens_q"),
+    (dict(GOOD, seqused_k=_i32([1, 2, 3])), _packed, "seqused_k: expected 2 entries"),
+    (dict(GOOD, max_seqlen_q=-1), _packed, "max_seqlen_q: expected None or an int"),
+    (dict(GOOD, max_seqlen_q=True), _packed, "max_seqlen_q: expected None or an int"),
+    (dict(GOOD), lambda: (_packed()[0], _packed()[1], _packed(tk=11)[2]), "v: expected total_k 12 rows like k"),
+    (dict(GOOD), lambda: (_packed(h=3)[0],) + _packed()[1:], "k: kv heads (2) must divide q heads (3)"),
+    (dict(GOOD, out=torch.zeros(10, 4, 32, dtype=torch.bfloat16)), _packed, "out: expected shape (10, 4, 64)"),
+]
+
+
+@pytest.mark.parametrize("kwargs, tensors, message", BAD)
+def test_bad_varlen_arguments_are_named(pkg, kwargs, tensors, message):
+    with pytest.raises((ValueError, TypeError), match="^" + re.escape(message)):
+        pkg.attention(*tensors(), **kwargs)
+
+
+def test_a_batched_spec_refuses_varlen_arguments():
+    with pytest.raises(ValueError, match="^cu_seqlens_q: spec x was built without varlen"):
+        Packed.check("x", False, _i32([0, 1]), None, None, None)
+    with pytest.raises(ValueError, match="^seqused_k: spec x was built without varlen"):
+        Packed.check("x", False, None, None, None, _i32([1]))
+
+
+def test_resolve_checks_values_and_takes_the_longest_sequence():
+    p = Packed.check("x", True, _i32([0, 4, 4, 10]), _i32([0, 6, 6, 12]), None, _i32([6, 0, 3]))
+    p.resolve(10, 12)
+    assert p.max_seqlen_q == 6
+    given = Packed.check("x", True, _i32([0, 4, 10]), _i32([0, 6, 12]), 3, None)
+    given.resolve(999, 999)  # the caller vouches: no read-back, no check
+    assert given.max_seqlen_q == 3
+    for cu_q, cu_k, used, message in [
+        ([0, 4, 9], [0, 6, 12], None, "cu_seqlens_q: last entry must equal the packed length 10"),
+        ([0, 6, 4, 10], [0, 6, 6, 12], None, "cu_seqlens_q: must be non-decreasing"),
+        ([0, 4, 10], [1, 6, 12], None, "cu_seqlens_k: must start at 0"),
+        ([0, 4, 10], [0, 6, 12], [7, 1], "seqused_k: entry 0 must be in [0, 6]"),
+    ]:
+        p = Packed.check("x", True, _i32(cu_q), _i32(cu_k), None, None if used is None else _i32(used))
+        with pytest.raises(ValueError, match="^" + re.escape(message)):
+            p.resolve(10, 12)

@@ -1,0 +1,150 @@
+"""GPU numerics of the SM90 varlen forward (packed sequences; skipped without a Hopper GPU).
+
+Tolerance rule as in tests/test_gpu_forward.py: max abs error against the fp32 reference
+(fa4gen.reference.attention_ref_varlen, per sequence, masks bottom-right aligned per sequence) at
+most 2x that of the same attention in the input precision, plus 1e-5. Outputs are poisoned with NaN
+before each call, so rows the kernel skips fail; keys past seqused_k are NaN, so a kernel that reads
+them into P·V fails; a sentinel row after the packed output catches stores past the last sequence.
+"""
+
+import math
+import zlib
+
+import pytest
+import torch
+
+import fa4gen
+from fa4gen.reference import attention_ref_varlen
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm90) GPU")]
+
+VARIANTS = {
+    "vl_bf16_d128_causal_gqa": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"}),
+    "vl_fp16_d64_none": dict(dtype="fp16", head_dim=64),
+    "vl_bf16_d96_window": dict(dtype="bf16", head_dim=96, mask={"kind": "sliding_window", "left": 100, "right": 20}),
+    "vl_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128,
+                                             mask={"kind": "chunked", "chunk_size": 96}, softcap=20.0),
+    "vl_bf16_d256_causal": dict(dtype="bf16", head_dim=256, mask={"kind": "causal"}),
+}
+# (query lengths, key lengths, keys used or None): empty sequences on either side, single rows,
+# lengths off the tile grid, one long sequence among short ones
+LENGTHS = [
+    ([128, 1, 300, 0, 77], [128, 5, 257, 40, 0], None),
+    ([1000], [1000], None),
+    ([64, 700, 3], [700, 64, 3], None),
+    ([200, 129, 50], [300, 300, 300], [300, 7, 0]),
+]
+HEADS = (4, 2)
+
+
+def _package(name: str):
+    return fa4gen.build(dict(name=name, targets=["sm90"], varlen=True, return_lse=True, **VARIANTS[name]))
+
+
+def _semantics(pkg):
+    spec = pkg._forward.spec
+    kind = spec["mask"]["kind"]
+    sem = dict(softcap=spec["softcap"])
+    if kind == "sliding_window":
+        sem["window"] = (spec["mask"]["left"], spec["mask"]["right"])
+    elif kind == "chunked":
+        sem["chunk"] = spec["mask"]["chunk_size"]
+    else:
+        sem["causal"] = kind == "causal"
+    return sem
+
+
+def _cu(lengths):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_varlen_matches_reference(name):
+    pkg = _package(name)
+    spec = pkg._forward.spec
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    d, dv = spec["head_dim"], spec["head_dim_v"]
+    h, h_kv = HEADS
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
+    sem = _semantics(pkg)
+    for lq, lk, used in LENGTHS:
+        for give_max in (False, True):
+            tq, tk = sum(lq), sum(lk)
+            q = torch.randn(tq, h, d, device="cuda", dtype=dtype, generator=gen)
+            k = torch.randn(tk, h_kv, d, device="cuda", dtype=dtype, generator=gen)
+            v = torch.randn(tk, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+            cu_q, cu_k = _cu(lq), _cu(lk)
+            seqused = None
+            if used is not None:
+                seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+                for i, n in enumerate(used):  # unused cache slots: NaN must never reach the output
+                    start = int(cu_k[i]) + n
+                    k[start:int(cu_k[i + 1])] = float("nan")
+                    v[start:int(cu_k[i + 1])] = float("nan")
+            # one extra NaN row after the packed output: it must stay NaN (no store past the end)
+            buf = torch.full((tq + 1, h, dv), float("nan"), device="cuda", dtype=dtype)
+            out = buf[:tq]
+            kw = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused, out=out, return_lse=True)
+            if give_max:
+                kw["max_seqlen_q"] = max(lq)
+            res_out, lse = pkg.attention(q, k, v, **kw)
+            torch.cuda.synchronize()
+            assert res_out.data_ptr() == out.data_ptr()
+            where = f"{name} lengths q={lq} k={lk} used={used} max_seqlen_q given={give_max}"
+            ref, ref_lse = attention_ref_varlen(q, k, v, cu_q, cu_k, seqused_k=seqused, **sem)
+            low, _ = attention_ref_varlen(q, k, v, cu_q, cu_k, seqused_k=seqused, upcast=False, **sem)
+            assert not torch.isnan(out).any(), f"{where}: unwritten or NaN output rows"
+            assert torch.isnan(buf[tq:]).all(), f"{where}: a store ran past the last sequence"
+            err = (out.float() - ref).abs().max().item() if tq else 0.0
+            budget = 2 * ((low.float() - ref).abs().max().item() if tq else 0.0) + 1e-5
+            assert err <= budget, f"{where}: max error {err:.3g} > budget {budget:.3g}"
+            assert lse.shape == (h, tq)
+            assert torch.equal(lse.isinf(), ref_lse.isinf()), f"{where}: LSE -inf rows differ"
+            fin = ~ref_lse.isinf()
+            assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
+
+
+def test_varlen_rows_are_independent_of_their_neighbours():
+    """A sequence's output does not depend on what is packed around it: the same sequence alone and
+    between two others gives bitwise the same rows (the kernel never reads across a boundary)."""
+    pkg = _package("vl_bf16_d128_causal_gqa")
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    h, h_kv = HEADS
+    lq, lk = [50, 333, 90], [70, 301, 130]
+    q = torch.randn(sum(lq), h, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(sum(lk), h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(sum(lk), h_kv, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    packed = pkg.attention(q, k, v, cu_seqlens_q=_cu(lq), cu_seqlens_k=_cu(lk))
+    alone = pkg.attention(q[50:383].contiguous(), k[70:371].contiguous(), v[70:371].contiguous(),
+                          cu_seqlens_q=_cu([333]), cu_seqlens_k=_cu([301]))
+    assert torch.equal(packed[50:383], alone)
+
+
+def test_varlen_bad_sequence_values_are_named():
+    pkg = _package("vl_fp16_d64_none")
+    q = torch.randn(10, 2, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(12, 2, 64, device="cuda", dtype=torch.float16)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    cases = [
+        (dict(cu_seqlens_q=torch.tensor([0, 4, 9], **i32), cu_seqlens_k=torch.tensor([0, 6, 12], **i32)),
+         "cu_seqlens_q: last entry must equal the packed length 10"),
+        (dict(cu_seqlens_q=torch.tensor([0, 6, 4, 10][:3], **i32), cu_seqlens_k=torch.tensor([0, 6, 12], **i32)),
+         "cu_seqlens_q: must be non-decreasing"),
+        (dict(cu_seqlens_q=torch.tensor([1, 4, 10], **i32), cu_seqlens_k=torch.tensor([0, 6, 12], **i32)),
+         "cu_seqlens_q: must start at 0"),
+        (dict(cu_seqlens_q=torch.tensor([0, 4, 10], **i32), cu_seqlens_k=torch.tensor([0, 6, 12], **i32),
+              seqused_k=torch.tensor([7, 1], **i32)), "seqused_k: entry 0 must be in [0, 6]"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            pkg.attention(q, k, k, **kw)
+
+
+def test_varlen_all_keys_empty():
+    pkg = _package("vl_bf16_d128_causal_gqa")
+    h, h_kv = HEADS
+    q = torch.randn(5, h, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.empty(0, h_kv, 128, device="cuda", dtype=torch.bfloat16)
+    out, lse = pkg.attention(q, k, k, cu_seqlens_q=_cu([2, 3]), cu_seqlens_k=_cu([0, 0]), return_lse=True)
+    assert (out == 0).all() and (lse == -math.inf).all()

@@ -1,0 +1,85 @@
+"""Varlen forward benchmark on the lent GPU: fa4gen's `varlen: true` kernel next to flash-attn-4's
+flash_attn_varlen_func in one process, on the same packed batch.
+
+16384 tokens packed from sequences of mixed length (a fixed, seeded draw from [min_len, max_len]),
+hidden 2048 (heads = 2048 / d), bf16, causal and not. TFLOP/s = Σ_i 4·h·s_i²·d (halved when causal)
+/ median time (triton do_bench), both called with max_seqlen_q given (no host read-back). Outputs
+are compared against each other (max abs difference) so a fast wrong kernel shows.
+
+Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.py --out $OUT`.
+"""
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench
+
+import fa4gen
+
+TOKENS, HIDDEN = 16384, 2048
+
+
+def lengths(seed: int, lo: int, hi: int) -> list[int]:
+    rng, out = random.Random(seed), []
+    while sum(out) < TOKENS:
+        out.append(min(rng.randint(lo, hi), TOKENS - sum(out)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench_out")
+    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--ranges", default="128-1024,512-8192", help="comma-separated lo-hi sequence length ranges")
+    args = ap.parse_args()
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func
+    except Exception as err:  # noqa: BLE001
+        print(f"flash-attn-4 not importable: {err}")
+        flash_attn_varlen_func = None
+    rows = []
+    for d in (int(x) for x in args.dims.split(",")):
+        h = HIDDEN // d
+        for causal in (False, True):
+            pkg = fa4gen.build(dict(name=f"bench_varlen_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
+                                    dtype="bf16", head_dim=d, varlen=True,
+                                    mask={"kind": "causal" if causal else "none"}))
+            for rng in args.ranges.split(","):
+                lo, hi = (int(x) for x in rng.split("-"))
+                lens = lengths(d + int(causal), lo, hi)
+                cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+                q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = sum(4 * h * s * s * d for s in lens) / (2 if causal else 1)
+                kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens))
+                res = dict(d=d, causal=causal, lengths=f"{lo}-{hi}", sequences=len(lens), max_seqlen=max(lens))
+                ours = pkg.attention(q, k, v, **kw)
+                res["fa4gen"] = round(flops / do_bench(lambda: pkg.attention(q, k, v, **kw), warmup=25, rep=100,
+                                                       return_mode="median") * 1e-9, 1)
+                if flash_attn_varlen_func is not None:
+                    fa_kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
+                                 causal=causal)
+                    theirs = flash_attn_varlen_func(q, k, v, **fa_kw)
+                    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+                    res["max_abs_diff_vs_fa4"] = (ours.float() - theirs.float()).abs().max().item()
+                    res["fa4"] = round(flops / do_bench(lambda: flash_attn_varlen_func(q, k, v, **fa_kw), warmup=25,
+                                                        rep=100, return_mode="median") * 1e-9, 1)
+                    res["vs_fa4"] = round(res["fa4gen"] / res["fa4"], 3)
+                print(json.dumps(res), flush=True)
+                rows.append(res)
+    (out_dir / "bench_varlen.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
+    lines = ["| d | causal | lengths | sequences | fa4gen | flash-attn-4 | fa4gen/FA4 | max abs diff |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['d']} | {'y' if r['causal'] else 'n'} | {r['lengths']} | {r['sequences']} | {r['fa4gen']} | "
+                     f"{r.get('fa4')} | {r.get('vs_fa4')} | {r.get('max_abs_diff_vs_fa4')} |")
+    (out_dir / "bench_varlen.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
