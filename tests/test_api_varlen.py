@@ -45,7 +45,7 @@ GOOD = dict(cu_seqlens_q=_i32([0, 4, 10]), cu_seqlens_k=_i32([0, 6, 12]))
 def test_signature_has_the_varlen_arguments(pkg):
     params = inspect.signature(pkg.attention).parameters
     assert list(params) == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "seqused_k",
-                            "softmax_scale", "return_lse", "out"]
+                            "max_seqlen_k", "softmax_scale", "return_lse", "out"]
     assert all(params[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(params)[3:])
     assert pkg._forward.plans["sm90"]["varlen"] is True
     assert "flash_attn_varlen_func" in pkg.attention.__doc__

@@ -1,10 +1,13 @@
-"""GPU numerics of the SM90 varlen forward (packed sequences; skipped without a Hopper GPU).
+"""GPU numerics of the SM90 varlen forward and backward (packed sequences; skipped without a Hopper GPU).
 
 Tolerance rule as in tests/test_gpu_forward.py: max abs error against the fp32 reference
 (fa4gen.reference.attention_ref_varlen, per sequence, masks bottom-right aligned per sequence) at
 most 2x that of the same attention in the input precision, plus 1e-5. Outputs are poisoned with NaN
 before each call, so rows the kernel skips fail; keys past seqused_k are NaN, so a kernel that reads
 them into P·V fails; a sentinel row after the packed output catches stores past the last sequence.
+Backward: dq/dk/dv through autograd against attention_ref_grads(packed=...) with the backward's
+rule (tests/test_gpu_backward.py), gradient buffers poisoned with NaN, keys past seqused_k must
+get exactly zero gradient, deterministic variants bitwise identical over repeats.
 """
 
 import math
@@ -14,7 +17,8 @@ import pytest
 import torch
 
 import fa4gen
-from fa4gen.reference import attention_ref_varlen
+from fa4gen.golden.tolerance import GRAD_ATOL, GRAD_SOFTCAP_ATOL
+from fa4gen.reference import attention_ref_grads, attention_ref_varlen, error_budget
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Hopper (sm90) GPU")]
@@ -38,7 +42,19 @@ LENGTHS = [
 HEADS = (4, 2)
 
 
+BWD_VARIANTS = {
+    "vlb_bf16_d128_causal_gqa": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"}),
+    "vlb_bf16_d64_none_mha_det": dict(dtype="bf16", head_dim=64, allow_gqa=False, deterministic=True),
+    "vlb_fp16_d128_window_gqa_det": dict(dtype="fp16", head_dim=128, deterministic=True,
+                                         mask={"kind": "sliding_window", "left": 100, "right": 20}),
+    "vlb_bf16_d256_chunked_softcap": dict(dtype="bf16", head_dim=256, mask={"kind": "chunked", "chunk_size": 96},
+                                          softcap=20.0),
+}
+
+
 def _package(name: str):
+    if name in BWD_VARIANTS:
+        return fa4gen.build(dict(name=name, targets=["sm90"], varlen=True, backward=True, **BWD_VARIANTS[name]))
     return fa4gen.build(dict(name=name, targets=["sm90"], varlen=True, return_lse=True, **VARIANTS[name]))
 
 
@@ -148,3 +164,59 @@ def test_varlen_all_keys_empty():
     k = torch.empty(0, h_kv, 128, device="cuda", dtype=torch.bfloat16)
     out, lse = pkg.attention(q, k, k, cu_seqlens_q=_cu([2, 3]), cu_seqlens_k=_cu([0, 0]), return_lse=True)
     assert (out == 0).all() and (lse == -math.inf).all()
+
+
+def _packed_inputs(spec, lq, lk, used, h, h_kv, gen):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    d, dv = spec["head_dim"], spec["head_dim_v"]
+    q = torch.randn(sum(lq), h, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(sum(lk), h_kv, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(sum(lk), h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    seqused = None
+    if used is not None:
+        seqused = torch.tensor(used, dtype=torch.int32, device="cuda")
+        for i, n in enumerate(used):
+            k[int(cu_k[i]) + n:int(cu_k[i + 1])] = float("nan")
+            v[int(cu_k[i]) + n:int(cu_k[i + 1])] = float("nan")
+    return q, k, v, dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused)
+
+
+@pytest.mark.parametrize("name", sorted(BWD_VARIANTS))
+def test_varlen_backward_matches_reference(name):
+    pkg = _package(name)
+    spec = pkg._forward.spec
+    h, h_kv = (4, 4) if not spec["allow_gqa"] else HEADS
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
+    sem = _semantics(pkg)
+    for lq, lk, used in LENGTHS:
+        q, k, v, seq = _packed_inputs(spec, lq, lk, used, h, h_kv, gen)
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = pkg.attention(*leaves, return_lse=True, **seq)
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+        junk = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # poison the gradient allocations
+        del junk
+        grads = torch.autograd.grad([out, lse], leaves, [dout, dlse])
+        torch.cuda.synchronize()
+        where = f"{name} lengths q={lq} k={lk} used={used}"
+        # NaN keys past seqused_k: the reference must not see them either (they are unused), so it
+        # gets zeros there; the kernel's gradients for those rows must be exactly zero
+        k_ref, v_ref = k.nan_to_num(0.0), v.nan_to_num(0.0)
+        ref = attention_ref_grads(q, k_ref, v_ref, dout, dlse=dlse, packed=seq, **sem)
+        low = attention_ref_grads(q, k_ref, v_ref, dout, dlse=dlse, packed=seq, upcast=False, **sem)
+        atol = GRAD_ATOL + (GRAD_SOFTCAP_ATOL if spec["softcap"] else 0.0)
+        for g_name, g, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+            assert not torch.isnan(g).any(), f"{where}: {g_name} has NaN (unwritten or poisoned)"
+            err = (g.float() - r).abs().max().item() if g.numel() else 0.0
+            budget = error_budget(lo, r, atol=atol)
+            assert err <= budget, f"{where}: {g_name} max error {err:.3g} > budget {budget:.3g}"
+        if used is not None:
+            cu_k = seq["cu_seqlens_k"]
+            for i, n in enumerate(used):
+                for g in grads[1:]:
+                    assert (g[int(cu_k[i]) + n:int(cu_k[i + 1])] == 0).all(), f"{where}: unused keys got a gradient"
+        if spec["deterministic"]:
+            again = torch.autograd.grad(pkg.attention(*leaves, return_lse=True, **seq), leaves, [dout, dlse])
+            for g_name, a, b in zip(("dq", "dk", "dv"), grads, again):
+                assert torch.equal(a, b), f"{where}: deterministic {g_name} differs between runs"

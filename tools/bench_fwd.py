@@ -74,7 +74,7 @@ def _warm_backward(pkg, d: int) -> float:
     return round(time.perf_counter() - t0, 2)
 
 
-def _bwd_ms(run, q, k, v) -> tuple[float, tuple]:
+def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     """Median time of the backward of run(q, k, v) (BSHD in and out), and the gradients it gives."""
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
     out = run(qg, kg, vg)
@@ -94,7 +94,7 @@ def bwd_columns(res: dict, impls: dict, q, k, v, flops: float) -> None:
     grads = {}
     for name, run in impls.items():
         try:
-            ms, grads[name] = _bwd_ms(run, q, k, v)
+            ms, grads[name] = bwd_time_ms(run, q, k, v)
             res[f"{name}_bwd"] = round(2.5 * flops / (ms * 1e-3) / 1e12, 1)
         except Exception as err:  # noqa: BLE001
             res[f"{name}_bwd"] = None

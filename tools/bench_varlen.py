@@ -6,6 +6,10 @@ hidden 2048 (heads = 2048 / d), bf16, causal and not. TFLOP/s = Σ_i 4·h·s_i²
 / median time (triton do_bench), both called with max_seqlen_q given (no host read-back). Outputs
 are compared against each other (max abs difference) so a fast wrong kernel shows.
 
+--bwd adds the backward through autograd (out.backward(dout) alone, as tools/bench_fwd.py times it;
+bwd TFLOP/s = 2.5 × the forward FLOPs / time) of a `backward: true` varlen spec (MHA) next to
+flash-attn-4's varlen backward, with the largest gradient difference between the two.
+
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.py --out $OUT`.
 """
 
@@ -18,6 +22,7 @@ import torch
 from triton.testing import do_bench
 
 import fa4gen
+from bench_fwd import _first, bwd_time_ms
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -34,6 +39,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--ranges", default="128-1024,512-8192", help="comma-separated lo-hi sequence length ranges")
+    ap.add_argument("--bwd", action="store_true", help="add backward columns")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -46,16 +52,16 @@ def main() -> None:
     for d in (int(x) for x in args.dims.split(",")):
         h = HIDDEN // d
         for causal in (False, True):
-            pkg = fa4gen.build(dict(name=f"bench_varlen_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
-                                    dtype="bf16", head_dim=d, varlen=True,
-                                    mask={"kind": "causal" if causal else "none"}))
+            pkg = fa4gen.build(dict(name=f"bench_varlen{'_bwd' if args.bwd else ''}_d{d}_{'causal' if causal else 'full'}",
+                                    targets=["sm90"], dtype="bf16", head_dim=d, varlen=True, backward=args.bwd,
+                                    allow_gqa=not args.bwd, mask={"kind": "causal" if causal else "none"}))
             for rng in args.ranges.split(","):
                 lo, hi = (int(x) for x in rng.split("-"))
                 lens = lengths(d + int(causal), lo, hi)
                 cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
                 q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = sum(4 * h * s * s * d for s in lens) / (2 if causal else 1)
-                kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens))
+                kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
                 res = dict(d=d, causal=causal, lengths=f"{lo}-{hi}", sequences=len(lens), max_seqlen=max(lens))
                 ours = pkg.attention(q, k, v, **kw)
                 res["fa4gen"] = round(flops / do_bench(lambda: pkg.attention(q, k, v, **kw), warmup=25, rep=100,
@@ -63,20 +69,32 @@ def main() -> None:
                 if flash_attn_varlen_func is not None:
                     fa_kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
                                  causal=causal)
-                    theirs = flash_attn_varlen_func(q, k, v, **fa_kw)
-                    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+                    theirs = _first(flash_attn_varlen_func(q, k, v, **fa_kw))
                     res["max_abs_diff_vs_fa4"] = (ours.float() - theirs.float()).abs().max().item()
                     res["fa4"] = round(flops / do_bench(lambda: flash_attn_varlen_func(q, k, v, **fa_kw), warmup=25,
                                                         rep=100, return_mode="median") * 1e-9, 1)
                     res["vs_fa4"] = round(res["fa4gen"] / res["fa4"], 3)
+                if args.bwd:
+                    impls = {"fa4gen": lambda q, k, v: pkg.attention(q, k, v, **kw)}
+                    if flash_attn_varlen_func is not None:
+                        impls["fa4"] = lambda q, k, v: _first(flash_attn_varlen_func(q, k, v, **fa_kw))
+                    grads = {}
+                    for impl, run in impls.items():
+                        ms, grads[impl] = bwd_time_ms(run, q, k, v)
+                        res[f"{impl}_bwd"] = round(2.5 * flops / (ms * 1e-3) / 1e12, 1)
+                    if len(grads) == 2:
+                        res["bwd_vs_fa4"] = round(res["fa4gen_bwd"] / res["fa4_bwd"], 3)
+                        res["bwd_max_abs_diff_vs_fa4"] = max((a.float() - b.float()).abs().max().item()
+                                                             for a, b in zip(grads["fa4gen"], grads["fa4"]))
                 print(json.dumps(res), flush=True)
                 rows.append(res)
     (out_dir / "bench_varlen.json").write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
-    lines = ["| d | causal | lengths | sequences | fa4gen | flash-attn-4 | fa4gen/FA4 | max abs diff |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| d | causal | lengths | sequences | fa4gen | flash-attn-4 | fa4gen/FA4 | max abs diff | bwd fa4gen | "
+             "bwd FA4 | bwd fa4gen/FA4 | bwd max abs diff |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['d']} | {'y' if r['causal'] else 'n'} | {r['lengths']} | {r['sequences']} | {r['fa4gen']} | "
-                     f"{r.get('fa4')} | {r.get('vs_fa4')} | {r.get('max_abs_diff_vs_fa4')} |")
+                     f"{r.get('fa4')} | {r.get('vs_fa4')} | {r.get('max_abs_diff_vs_fa4')} | {r.get('fa4gen_bwd')} | "
+                     f"{r.get('fa4_bwd')} | {r.get('bwd_vs_fa4')} | {r.get('bwd_max_abs_diff_vs_fa4')} |")
     (out_dir / "bench_varlen.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

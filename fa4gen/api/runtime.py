@@ -70,12 +70,13 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 class Packed:
     """The sequence arguments of a varlen call, checked: cu_seqlens_q/k (int32, batch + 1),
-    seqused_k (int32, batch, or None) and max_seqlen_q (int, or None until resolved)."""
+    seqused_k (int32, batch, or None), max_seqlen_q/k (int, or None until resolved)."""
 
-    __slots__ = ("cu_q", "cu_k", "seqused_k", "max_seqlen_q")
+    __slots__ = ("cu_q", "cu_k", "seqused_k", "max_seqlen_q", "max_seqlen_k")
 
-    def __init__(self, cu_q, cu_k, seqused_k, max_seqlen_q):
-        self.cu_q, self.cu_k, self.seqused_k, self.max_seqlen_q = cu_q, cu_k, seqused_k, max_seqlen_q
+    def __init__(self, cu_q, cu_k, seqused_k, max_seqlen_q, max_seqlen_k=None):
+        self.cu_q, self.cu_k, self.seqused_k = cu_q, cu_k, seqused_k
+        self.max_seqlen_q, self.max_seqlen_k = max_seqlen_q, max_seqlen_k
 
     @property
     def batch(self) -> int:
@@ -85,10 +86,14 @@ class Packed:
         return (("cu_seqlens_q", self.cu_q), ("cu_seqlens_k", self.cu_k)) + (
             (("seqused_k", self.seqused_k),) if self.seqused_k is not None else ())
 
+    def seqused_or_dummy(self):
+        """The seqused_k tensor the kernels take; cu_seqlens_k stands in (unread) when there is none."""
+        return self.seqused_k if self.seqused_k is not None else self.cu_k
+
     @classmethod
-    def check(cls, name: str, varlen: bool, cu_q, cu_k, max_seqlen_q, seqused_k) -> "Packed | None":
+    def check(cls, name: str, varlen: bool, cu_q, cu_k, max_seqlen_q, seqused_k, max_seqlen_k=None) -> "Packed | None":
         given = [n for n, t in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k), ("max_seqlen_q", max_seqlen_q),
-                                ("seqused_k", seqused_k)) if t is not None]
+                                ("max_seqlen_k", max_seqlen_k), ("seqused_k", seqused_k)) if t is not None]
         if not varlen:
             if given:
                 _fail(f"{given[0]}: spec {name} was built without varlen; set varlen: true in the spec to pass packed "
@@ -113,16 +118,15 @@ class Packed:
             _fail(f"cu_seqlens_q: at most {GRID_LIMIT} sequences, got {cu_q.shape[0] - 1}")
         if seqused_k is not None and seqused_k.shape[0] != cu_q.shape[0] - 1:
             _fail(f"seqused_k: expected {cu_q.shape[0] - 1} entries (one per sequence), got {seqused_k.shape[0]}")
-        if max_seqlen_q is not None and (
-            isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or not 0 <= max_seqlen_q < 2**31
-        ):
-            _fail(f"max_seqlen_q: expected None or an int in [0, 2**31), got {max_seqlen_q!r}")
+        for arg, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+            if m is not None and (isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < 2**31):
+                _fail(f"{arg}: expected None or an int in [0, 2**31), got {m!r}")
         return cls(cu_q.contiguous(), cu_k.contiguous(), None if seqused_k is None else seqused_k.contiguous(),
-                   max_seqlen_q)
+                   max_seqlen_q, max_seqlen_k)
 
     def resolve(self, total_q: int, total_k: int) -> None:
         """Without max_seqlen_q, read the sequence tensors back once (one device sync), check their
-        values and take the longest query sequence. With it, the caller vouches for them, as with
+        values and take the longest sequences. With it, the caller vouches for them, as with
         flash_attn_varlen_func (the kernel clamps every offset into the packed tensors, so bad values
         give wrong rows, never a stray memory access)."""
         if self.max_seqlen_q is not None:
@@ -135,6 +139,14 @@ class Packed:
         if self.seqused_k is not None:
             check_seqused_values(values[2 * n:], cu_k)
         self.max_seqlen_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
+        if self.max_seqlen_k is None:
+            self.max_seqlen_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+
+    def key_grid(self) -> int:
+        """max_seqlen_k, the backward's grid over key blocks: given, resolved, or read back now."""
+        if self.max_seqlen_k is None:
+            self.max_seqlen_k = int((self.cu_k[1:] - self.cu_k[:-1]).max().item())
+        return self.max_seqlen_k
 
 
 class ForwardOp:
@@ -212,20 +224,21 @@ class ForwardOp:
 
     # -- call -----------------------------------------------------------------------------
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
-                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None):
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
         plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
                                      return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
-                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k)
+                                     cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
+                                     max_seqlen_k=max_seqlen_k)
         # device checks come after every device-independent one, so errors name the real problem
         self._check_devices(q.device, (("q", q), ("k", k), ("v", v)) + ((("out", out),) if out is not None else ())
                             + (packed.tensors() if packed is not None else ()))
         scale = self._scale(softmax_scale, plan)
         if packed is not None:
             packed.resolve(q.shape[0], k.shape[0])
-            out, lse = self._forward_packed(plan, q, k, v, scale, window, chunk_size, out, packed)
-            return (out, lse) if return_lse else out
         if self.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size)
+            out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
+        elif packed is not None:
+            out, lse, _ = self._forward_packed(q, k, v, scale, window, chunk_size, out, packed)
         else:
             out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out)
         return (out, lse) if return_lse else out
@@ -249,8 +262,9 @@ class ForwardOp:
         self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
         return out, lse, (q, k, v)
 
-    def _forward_packed(self, plan, q, k, v, scale: float, window, chunk_size, out, packed: Packed):
-        """Launch the varlen forward on checked, resolved packed sequences: (out, lse or None)."""
+    def _forward_packed(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed):
+        """Launch the varlen forward on checked, resolved packed sequences: (out, lse or None, the
+        (q, k, v) launched on)."""
         plan = self.plans[self.arch_for(q.device)]
         total_q, h, _ = q.shape
         if out is None:
@@ -263,18 +277,17 @@ class ForwardOp:
             out.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
-            return out, lse
+            return out, lse, (q, k, v)
         args += [packed.max_seqlen_q, int(packed.seqused_k is not None)]
-        seqused = packed.seqused_k if packed.seqused_k is not None else packed.cu_k  # unread when not used
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
         tensors = [q[None], k[None], v[None], out[None]] + ([lse[None]] if lse is not None else [])
-        tensors += [packed.cu_q, packed.cu_k, seqused]
+        tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
         self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
-        return out, lse
+        return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
-                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None):
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
         """Every check that needs no GPU, in argument order; returns (a plan of this package, the
         checked varlen arguments or None)."""
         plan = next(iter(self.plans.values()), None)
@@ -310,20 +323,25 @@ class ForwardOp:
                 _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
                       "drop out= or run under torch.no_grad()", RuntimeError)
             self._check_out(out, out_shape, dtype)
-        packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k)
+        packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
         return plan, packed
 
     # -- backward -------------------------------------------------------------------------
-    def backward(self, q, k, v, out, dout, lse, dlse=None, *, softmax_scale=None, window=None, chunk_size=None):
+    def backward(self, q, k, v, out, dout, lse, dlse=None, *, softmax_scale=None, window=None, chunk_size=None,
+                 packed: Packed | None = None):
         """(dq, dk, dv) of this package's attention, given dout and dlse, the gradients of out and of
         the LSE (None = zero). q, k, v, out, lse are the forward's, which checked them (AttentionFunction
-        saves them); only the gradients are checked here. softmax_scale, window and chunk_size must
-        be the forward call's."""
+        saves them); only the gradients are checked here. softmax_scale, window, chunk_size and, for
+        varlen specs, the packed sequence arguments must be the forward call's."""
         self._check_devices(q.device, (("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)))
-        b, s_q, h, _ = q.shape
-        s_k, h_kv = k.shape[1], k.shape[2]
+        if packed is not None:
+            (total_q, h, _), (s_k, h_kv) = q.shape, k.shape[:2]
+            lse_shape, seqlens = (h, total_q), (total_q, s_k)
+        else:
+            (b, s_q, h, _), (s_k, h_kv) = q.shape, k.shape[1:3]
+            lse_shape, seqlens = (b, h, s_q), (s_q, s_k)
         dout = self._check_grad("dout", dout, tuple(out.shape), out.dtype, q.device)
-        dlse = self._check_grad("dlse", dlse, (b, h, s_q), torch.float32, q.device)
+        dlse = self._check_grad("dlse", dlse, lse_shape, torch.float32, q.device)
         arch = self.arch_for(q.device)
         plan = self.bwd_plans.get(arch)
         if plan is None:
@@ -333,28 +351,42 @@ class ForwardOp:
                 RuntimeError,
             )
         scale = self._scale(softmax_scale, plan)
-        args = self._backward_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
+        args = self._backward_args(plan, scale, window, chunk_size, seqlens=seqlens)
         if (dout is None and dlse is None) or q.numel() == 0 or k.numel() == 0:
             # nothing flows back (or no query sees a key): zero gradients without a launch
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if dout is None:
             dout = torch.zeros_like(out)
         if dlse is None:
-            dlse = torch.zeros((b, h, s_q), dtype=torch.float32, device=q.device)
+            dlse = torch.zeros(lse_shape, dtype=torch.float32, device=q.device)
         contiguous = dict(memory_format=torch.contiguous_format)
-        dq, dk, dv = (torch.empty_like(t, **contiguous) for t in (q, k, v))
+        # keys past seqused_k get a zero gradient: with MHA the kernel stores only the used rows
+        unused_keys = packed is not None and packed.seqused_k is not None and not plan["dkv_accum"]
+        new = torch.zeros_like if unused_keys else torch.empty_like
+        dq = torch.empty_like(q, **contiguous)
+        dk, dv = (new(t, **contiguous) for t in (k, v))
+        if packed is not None:
+            # one batch of extent 1 whose rows the sequence tensors cut up; the sequence is blockIdx.z
+            q, k, v, out, dout, lse, dlse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dlse, dq, dk, dv))
+            b, s_q = packed.batch, packed.max_seqlen_q
         f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
-                   torch.empty((b, h, s_q), **f32),  # lse_log2
-                   torch.empty((b, h, s_q), **f32),  # dpsum
-                   torch.zeros((b, s_q, h, q.shape[3]), **f32)]  # dq_accum
+                   torch.empty(lse.shape, **f32),  # lse_log2
+                   torch.empty(lse.shape, **f32),  # dpsum
+                   torch.zeros(q.shape, **f32)]  # dq_accum
         if plan["dkv_accum"]:
-            tensors += [torch.zeros((b, s_k, h_kv, k.shape[3]), **f32), torch.zeros((b, s_k, h_kv, v.shape[3]), **f32)]
+            tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
         if plan["deterministic"]:
+            n_keys = packed.key_grid() if packed is not None else s_k
             tensors.append(torch.zeros((b, h, -(-s_q // plan["tile_m"])), **i32))  # sem_dq
             if plan["dkv_accum"]:
-                tensors.append(torch.zeros((b, h_kv, -(-s_k // plan["tile_n"])), **i32))  # sem_dkv
+                tensors.append(torch.zeros((b, h_kv, -(-n_keys // plan["tile_n"])), **i32))  # sem_dkv
+        if packed is not None:
+            tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
+            args += [packed.key_grid(), int(packed.seqused_k is not None)]
         self._launch(self.backward_function(arch), q.device, tensors + args)
+        if packed is not None:
+            dq, dk, dv = dq[0], dk[0], dv[0]
         return dq, dk, dv
 
     @staticmethod
@@ -372,7 +404,7 @@ class ForwardOp:
             _fail(f"{name}: expected the device of q ({device}), got {t.device}")
         if not t.is_contiguous():  # e.g. the stride-0 gradient of out.sum()
             t = t.contiguous()
-        return tma_ready(t) if t.dim() == 4 else t
+        return tma_ready(t) if t.dim() >= 3 else t
 
     @classmethod
     def _backward_args(cls, plan, scale: float, window, chunk_size, seqlens) -> list:
@@ -487,10 +519,13 @@ class AttentionFunction(torch.autograd.Function):
     size, so the backward sees exactly what the forward computed."""
 
     @staticmethod
-    def forward(ctx, op: ForwardOp, q, k, v, scale: float, window, chunk_size):
-        out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None)
+    def forward(ctx, op: ForwardOp, q, k, v, scale: float, window, chunk_size, packed: Packed | None):
+        if packed is not None:
+            out, lse, launched = op._forward_packed(q, k, v, scale, window, chunk_size, None, packed)
+        else:
+            out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None)
         ctx.save_for_backward(*launched, out, lse)
-        ctx.op, ctx.scale, ctx.window, ctx.chunk_size = op, scale, window, chunk_size
+        ctx.op, ctx.scale, ctx.window, ctx.chunk_size, ctx.packed = op, scale, window, chunk_size, packed
         ctx.set_materialize_grads(False)  # an unused out or LSE gives None, not a zero tensor
         return out, lse
 
@@ -498,9 +533,9 @@ class AttentionFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         if dout is None and dlse is None:
-            return (None,) * 7
+            return (None,) * 8
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ctx.op.backward(q, k, v, out, dout, lse, dlse, softmax_scale=ctx.scale, window=ctx.window,
-                                     chunk_size=ctx.chunk_size)
+                                     chunk_size=ctx.chunk_size, packed=ctx.packed)
         need = ctx.needs_input_grad
-        return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None, None, None, None
+        return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None, None, None, None, None

@@ -155,8 +155,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "head_dim", f"WGMMA consumes K in steps of 16, so the sm90 backward needs head dims that are multiples "
             f"of 16 (got {d}/{dv})",
         ))
-    if spec.varlen:
-        problems.append(problem("varlen", "varlen is not available in the sm90 backward yet"))
     # dK/dV accumulators (tile_n x d per CTA) must fit next to S, dP: 64 key rows per warpgroup up to
     # d 128, 32 (by head-dim halves) above. With 64 key rows per warpgroup the kernel computes Sᵀ and
     # dPᵀ (keys as WGMMA rows), so each warpgroup holds the Pᵀ/dSᵀ rows its dV/dK rows need: they feed

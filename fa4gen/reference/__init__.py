@@ -82,10 +82,11 @@ def attention_ref(
     return (out if upcast else out.to(v.dtype)), lse
 
 
-def attention_ref_grads(q, k, v, dout, *, dlse=None, upcast=True, dtype=None, **kw):
+def attention_ref_grads(q, k, v, dout, *, dlse=None, upcast=True, dtype=None, packed=None, **kw):
     """(dq, dk, dv): the gradients of attention_ref's (out, lse) against (dout, dlse) for q, k, v, by
     torch autograd; dlse None = the LSE is not differentiated. `kw` are attention_ref's mask,
-    softcap and softmax_scale arguments.
+    softcap and softmax_scale arguments; `packed` = attention_ref_varlen's sequence arguments
+    (cu_seqlens_q, cu_seqlens_k[, seqused_k]) for packed q, k, v.
 
     upcast=True: exact, in `dtype` (default fp64 on the CPU, fp32 on a GPU).
     upcast=False: autograd through the low-precision forward (input-dtype matmuls, P rounded), so
@@ -96,7 +97,10 @@ def attention_ref_grads(q, k, v, dout, *, dlse=None, upcast=True, dtype=None, **
     leaves = [t.detach().to(work).requires_grad_() if upcast else t.detach().clone().requires_grad_()
               for t in (q, k, v)]
     with torch.enable_grad():
-        out, lse = attention_ref(*leaves, upcast=upcast, dtype=dtype, **kw)
+        if packed is None:
+            out, lse = attention_ref(*leaves, upcast=upcast, dtype=dtype, **kw)
+        else:
+            out, lse = attention_ref_varlen(*leaves, upcast=upcast, dtype=dtype, **packed, **kw)
         outputs, grads = [out], [dout.detach().to(out.dtype)]
         if dlse is not None:
             outputs.append(lse)

@@ -189,7 +189,8 @@ class FlashBwdSm90:
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dq, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
-            mLSE2, mD, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+            mLSE2, mD,
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
             scale_log2, softcap_pre, grad_scale, window_left, window_right,
         ).launch(grid=grid, block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
@@ -210,6 +211,13 @@ class FlashBwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        mQ_s, mdO_s, mdQacc_s = (t[None, None, head, batch] for t in (mQ, mdO, mdQacc))
+        mK_s, mV_s = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
+        mdKacc_s, mdVacc_s = mdKacc[None, None, head_kv, batch], mdVacc[None, None, head_kv, batch]
+        mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
@@ -225,9 +233,6 @@ class FlashBwdSm90:
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
         m_min, m_max = mask.m_block_range(
             n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, window_left, window_right, Int32(1), **MASK
         )
@@ -238,10 +243,10 @@ class FlashBwdSm90:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
             if warp_idx == 0:
                 # Load role: K and V once, then Q and dO of every query block that sees this key block
-                gQ = cute.local_tile(mQ[None, None, head, batch], (TILE_M, HEAD_DIM), (None, 0))
-                gdO = cute.local_tile(mdO[None, None, head, batch], (TILE_M, HEAD_DIM_V), (None, 0))
-                gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM), (n_block, 0))
-                gV = cute.local_tile(mV[None, None, head_kv, batch], (TILE_N, HEAD_DIM_V), (n_block, 0))
+                gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (None, 0))
+                gdO = cute.local_tile(mdO_s, (TILE_M, HEAD_DIM_V), (None, 0))
+                gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (n_block, 0))
+                gV = cute.local_tile(mV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
@@ -268,7 +273,7 @@ class FlashBwdSm90:
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tile into the fp32 accumulator (TMA reduce-add)
                 # one (64, DQ_N) tile per warpgroup and query block
-                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (64, DQ_N), (None, None))
+                gdQ = cute.local_tile(mdQacc_s, (64, DQ_N), (None, None))
                 tdQsdQ, tdQgdQ = hopper.tma_split(tma_dq, sdQ, gdQ)
                 cpasync.prefetch_descriptor(tma_dq)
                 for i in cutlass.range(m_max - m_min, unroll=1):
@@ -369,8 +374,8 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2[batch, head, row]
-                        dsum[r] = mD[batch, head, row]
+                        lse2[r] = mLSE2_s[row]
+                        dsum[r] = mD_s[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -448,8 +453,8 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2[batch, head, row]
-                        dsum[r] = mD[batch, head, row]
+                        lse2[r] = mLSE2_s[row]
+                        dsum[r] = mD_s[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -523,8 +528,8 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2[batch, head, row]
-                        dsum[r] = mD[batch, head, row]
+                        lse2[r] = mLSE2_s[row]
+                        dsum[r] = mD_s[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -597,12 +602,12 @@ class FlashBwdSm90:
             sdVacc = storage.sdQ.get_tensor(sdVacc_layout.outer, swizzle=sdVacc_layout.inner)
             acc_copy = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64)
             for acc, mma, buf, tma, gacc, width in (
-                (acc_dK, tiled_mma_dk, sdKacc, tma_dk, mdKacc, HEAD_DIM), (acc_dV, tiled_mma_dv, sdVacc, tma_dv, mdVacc, HEAD_DIM_V),
+                (acc_dK, tiled_mma_dk, sdKacc, tma_dk, mdKacc_s, HEAD_DIM), (acc_dV, tiled_mma_dv, sdVacc, tma_dv, mdVacc_s, HEAD_DIM_V),
             ):
                 # each warpgroup's share (64 key rows, or half the columns) goes through the one buffer in turns
                 thr_acc = cute.make_tiled_copy_C(acc_copy, mma).get_slice(tidx_c)
                 tXsX = thr_acc.partition_D(_wg_tiles(buf[None, None, 0], DKV_SPLIT == 1, TILE_N, width))
-                g_tiles = cute.local_tile(gacc[None, None, head_kv, batch], (64, width // DKV_SPLIT), (None, None))
+                g_tiles = cute.local_tile(gacc, (64, width // DKV_SPLIT), (None, None))
                 tsX, tgX = hopper.tma_split(tma, buf, g_tiles)
                 for w in cutlass.range_constexpr(2):
                     cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)

@@ -174,7 +174,8 @@ class FlashBwdSm90:
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dq, mdQacc,
             tma_dk, mdK, tma_dv, mdV,
             mSemQ,
-            mLSE2, mD, tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
+            mLSE2, mD,
+            tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
             scale_log2, grad_scale,
         ).launch(grid=grid, block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
@@ -195,10 +196,17 @@ class FlashBwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head, batch = cute.arch.block_idx()
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
         # key blocks add into a query block's dQ last-to-first, and the CTAs launch in that order: a
         # block's first (diagonal) query blocks then wait for nobody, and every CTA waited for was
         # launched earlier (so a waiting CTA never holds an SM its predecessor needs)
-        n_block = cute.ceil_div(mK.shape[0], TILE_N) - 1 - n_block
+        n_block = cute.ceil_div(seqlen_k, TILE_N) - 1 - n_block
+        mQ_s, mdO_s, mdQacc_s = (t[None, None, head, batch] for t in (mQ, mdO, mdQacc))
+        mK_s, mV_s = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
+        mdK_s, mdV_s = mdK[None, None, head, batch], mdV[None, None, head, batch]
+        mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
@@ -214,9 +222,6 @@ class FlashBwdSm90:
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
         m_min, m_max = Int32(0), cute.ceil_div(seqlen_q, TILE_M)
         m_min = cute.arch.make_warp_uniform(m_min)
         m_max = cute.arch.make_warp_uniform(m_max)
@@ -225,10 +230,10 @@ class FlashBwdSm90:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
             if warp_idx == 0:
                 # Load role: K and V once, then Q and dO of every query block that sees this key block
-                gQ = cute.local_tile(mQ[None, None, head, batch], (TILE_M, HEAD_DIM), (None, 0))
-                gdO = cute.local_tile(mdO[None, None, head, batch], (TILE_M, HEAD_DIM_V), (None, 0))
-                gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM), (n_block, 0))
-                gV = cute.local_tile(mV[None, None, head_kv, batch], (TILE_N, HEAD_DIM_V), (n_block, 0))
+                gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (None, 0))
+                gdO = cute.local_tile(mdO_s, (TILE_M, HEAD_DIM_V), (None, 0))
+                gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (n_block, 0))
+                gV = cute.local_tile(mV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
@@ -255,7 +260,7 @@ class FlashBwdSm90:
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tile into the fp32 accumulator (TMA reduce-add)
                 # one (64, DQ_N) tile per warpgroup and query block
-                gdQ = cute.local_tile(mdQacc[None, None, head, batch], (64, DQ_N), (None, None))
+                gdQ = cute.local_tile(mdQacc_s, (64, DQ_N), (None, None))
                 tdQsdQ, tdQgdQ = hopper.tma_split(tma_dq, sdQ, gdQ)
                 cpasync.prefetch_descriptor(tma_dq)
                 for i in cutlass.range(m_max - m_min, unroll=1):
@@ -358,8 +363,8 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2[batch, head, row]
-                        dsum[r] = mD[batch, head, row]
+                        lse2[r] = mLSE2_s[row]
+                        dsum[r] = mD_s[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -428,8 +433,8 @@ class FlashBwdSm90:
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
             if warp_idx == 4:
-                gdK = cute.local_tile(mdK[None, None, head, batch], (TILE_N, HEAD_DIM), (n_block, 0))
-                gdV = cute.local_tile(mdV[None, None, head, batch], (TILE_N, HEAD_DIM_V), (n_block, 0))
+                gdK = cute.local_tile(mdK_s, (TILE_N, HEAD_DIM), (n_block, 0))
+                gdV = cute.local_tile(mdV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
                 tdKsdK, tdKgdK = hopper.tma_split(tma_dk, sK, gdK)
                 tdVsdV, tdVgdV = hopper.tma_split(tma_dv, sV, gdV)
                 cute.copy(tma_dk, tdKsdK[None, 0], tdKgdK)
@@ -451,6 +456,7 @@ def fake_arguments():
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V),
         fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
         fake.bshd(Float32, b, s_q, h_q, HEAD_DIM),
+        # one semaphore row per sequence: varlen tensors have a batch of 1, the semaphores do not
         fake.semaphores(b, h_q, n_m),
         Float32(1.0), Float32(1.0),
         fake.stream(),
