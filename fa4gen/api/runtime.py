@@ -278,7 +278,7 @@ class ForwardOp:
             if lse is not None:
                 lse.fill_(-math.inf)
             return out, lse, (q, k, v)
-        args += [packed.max_seqlen_q, int(packed.seqused_k is not None)]
+        args.append(int(packed.seqused_k is not None))
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
         tensors = [q[None], k[None], v[None], out[None]] + ([lse[None]] if lse is not None else [])

@@ -70,3 +70,43 @@ def used_length(seqused: cute.Tensor, seq: Int32, length: Int32, use: Int32) -> 
     if use != 0:
         used = cutlass.min(cutlass.max(seqused[seq], 0), length)
     return used
+
+
+@cute.jit
+def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
+            tile_m: cutlass.Constexpr[int], descending: cutlass.Constexpr[bool]):
+    """(sequence, m_block) of linear query tile `tile` of a packed batch: sequence i owns
+    ceil(len_i / tile_m) consecutive tile numbers after those of sequences < i, so a grid of
+    ceil(total / tile_m) + num_seqs tiles covers every sequence with no per-sequence padding and no
+    host read-back. With `descending`, a sequence's tiles come last block first (longest-first for
+    causal / windowed masks). Tiles past the last sequence give (num_seqs - 1, a block past its end).
+
+    Every warp scans the sequences 32 at a time: a lane's tile count, an inclusive warp prefix sum
+    (shuffles), and a ballot for the first lane whose running total passes `tile`. Every thread
+    calls it (the result is warp-uniform), so no shared memory or barrier is needed."""
+    lane = cute.arch.lane_idx()
+    seq = num_seqs - 1
+    m_block = tile  # past any sequence's end unless found below
+    base = Int32(0)  # tiles of the chunks already scanned
+    for j in cutlass.range(0, num_seqs, 32, unroll=1):
+        count = Int32(0)
+        if j + lane < num_seqs:
+            _, length = sequence_bounds(cu_seqlens, j + lane, total)
+            count = (length + tile_m - 1) // tile_m
+        incl = count
+        for step in cutlass.range_constexpr(5):
+            up = cute.arch.shuffle_sync_up(incl, 1 << step)
+            if lane >= (1 << step):
+                incl = incl + up
+        hits = cute.arch.vote_ballot_sync(base + incl > tile)
+        if hits != 0:
+            if base <= tile:  # only the chunk holding the tile (earlier chunks passed it already)
+                first = cute.arch.popc((hits & (0 - hits)) - 1)  # lowest set bit
+                before = cute.arch.shuffle_sync(incl - count, first)
+                local = tile - base - before
+                seq = j + first
+                if cutlass.const_expr(descending):
+                    local = cute.arch.shuffle_sync(count, first) - 1 - local
+                m_block = local
+        base = base + cute.arch.shuffle_sync(incl, 31)
+    return seq, m_block

@@ -172,3 +172,35 @@ def poly_columns(tile_n: int, poly_every: int) -> list[bool]:
     if poly_every <= 0:
         return [False] * tile_n
     return [fragment_column(col) % poly_every == poly_every - 1 for col in range(tile_n)]
+
+
+def sequence_bounds(cu_seqlens: list[int], seq: int, total: int) -> tuple[int, int]:
+    """(offset, length) of sequence `seq`, clamped into a packed tensor of `total` rows
+    (fa4gen/device/varlen.py: sequence_bounds)."""
+    start = min(max(cu_seqlens[seq], 0), total)
+    end = min(max(cu_seqlens[seq + 1], start), total)
+    return start, end - start
+
+
+def tile_of(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m: int,
+            descending: bool) -> tuple[int, int]:
+    """(sequence, m_block) of linear query tile `tile` (fa4gen/device/varlen.py: tile_of), with the
+    kernel's 32-lane chunks, warp prefix sums and first-lane ballot spelled out."""
+    seq, m_block, base = num_seqs - 1, tile, 0
+    for j in range(0, num_seqs, 32):
+        counts = [0] * 32
+        for lane in range(32):
+            if j + lane < num_seqs:
+                _, length = sequence_bounds(cu_seqlens, j + lane, total)
+                counts[lane] = (length + tile_m - 1) // tile_m
+        incl = list(counts)
+        for step in range(5):  # shuffle-up scan: lane l adds lane l - 2^step, from the previous step's values
+            incl = [incl[lane] + (incl[lane - (1 << step)] if lane >= (1 << step) else 0) for lane in range(32)]
+        hits = [base + incl[lane] > tile for lane in range(32)]
+        if any(hits) and base <= tile:
+            first = hits.index(True)
+            local = tile - base - (incl[first] - counts[first])
+            seq = j + first
+            m_block = counts[first] - 1 - local if descending else local
+        base += incl[31]
+    return seq, m_block

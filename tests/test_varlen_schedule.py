@@ -1,0 +1,60 @@
+"""The varlen forward's tile numbering (fa4gen/device/varlen.py: tile_of, mirrored line for line in
+fa4gen/emulate/tiling.py): over a grid of ceil(total / tile_m) + sequences tiles, every query tile
+(sequence, m_block < ceil(len / tile_m)) is produced exactly once, in sequence order, and every other
+grid tile maps past the end of a sequence (it computes and stores nothing)."""
+
+import random
+
+import pytest
+
+from fa4gen.emulate import tiling
+
+
+def _cu(lengths):
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+CASES = [
+    [1000],
+    [0],
+    [0, 0, 5],
+    [128, 1, 300, 0, 77],
+    [128] * 33,  # exactly one tile each, across a 32-sequence chunk boundary
+    [1] * 70,
+]
+rng = random.Random(3)
+CASES += [[rng.choice([0, 1, 63, 64, 65, 127, 128, 129, rng.randint(0, 3000)]) for _ in range(rng.randint(1, 100))]
+          for _ in range(40)]
+
+
+@pytest.mark.parametrize("lengths", CASES, ids=range(len(CASES)))
+@pytest.mark.parametrize("tile_m", [128, 192])
+@pytest.mark.parametrize("descending", [False, True])
+def test_every_query_tile_exactly_once(lengths, tile_m, descending):
+    cu, b = _cu(lengths), len(lengths)
+    total = cu[-1]
+    grid = -(-total // tile_m) + b
+    want = {(s, m) for s, n in enumerate(lengths) for m in range(-(-n // tile_m))}
+    got, order = [], []
+    for t in range(grid):
+        s, m = tiling.tile_of(cu, b, total, t, tile_m, descending)
+        assert 0 <= s < b
+        if m * tile_m < lengths[s]:
+            got.append((s, m))
+            order.append(s)
+    assert sorted(got) == sorted(want) and len(got) == len(want)
+    assert order == sorted(order)  # sequence by sequence, in launch order
+    if descending:
+        for s in set(order):  # within a sequence, the last (most keys under a causal mask) block first
+            ms = [m for (x, m) in got if x == s]
+            assert ms == sorted(ms, reverse=True)
+
+
+def test_malformed_offsets_stay_inside_the_packed_tensor():
+    cu = [0, 50, 20, 400, 90]  # decreasing, past the end
+    for seq in range(4):
+        off, n = tiling.sequence_bounds(cu, seq, 100)
+        assert 0 <= off <= 100 and 0 <= n and off + n <= 100
