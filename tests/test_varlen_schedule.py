@@ -46,6 +46,9 @@ def test_every_query_tile_exactly_once(lengths, tile_m, descending):
             got.append((s, m))
             order.append(s)
     assert sorted(got) == sorted(want) and len(got) == len(want)
+    for s in range(b):  # the packed tile of (s, m) - the deterministic backward's semaphore index - is unique
+        assert tiling.tiles_before(cu, s, total, tile_m) == sum(-(-n // tile_m) for n in lengths[:s])
+    assert len({tiling.tiles_before(cu, s, total, tile_m) + m for s, m in got}) == len(got)
     assert order == sorted(order)  # sequence by sequence, in launch order
     if descending:
         for s in set(order):  # within a sequence, the last (most keys under a causal mask) block first

@@ -126,9 +126,10 @@ class Packed:
 
     def resolve(self, total_q: int, total_k: int) -> None:
         """Without max_seqlen_q, read the sequence tensors back once (one device sync), check their
-        values and take the longest sequences. With it, the caller vouches for them, as with
-        flash_attn_varlen_func (the kernel clamps every offset into the packed tensors, so bad values
-        give wrong rows, never a stray memory access)."""
+        values and record the longest sequences. With it, the caller vouches for them, as with
+        flash_attn_varlen_func (the kernels clamp every offset into the packed tensors, so bad values
+        give wrong rows, never a stray memory access). The kernels need neither maximum: their grids
+        number the tiles of all sequences back to back."""
         if self.max_seqlen_q is not None:
             return
         parts = [self.cu_q, self.cu_k] + ([self.seqused_k] if self.seqused_k is not None else [])
@@ -139,14 +140,7 @@ class Packed:
         if self.seqused_k is not None:
             check_seqused_values(values[2 * n:], cu_k)
         self.max_seqlen_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
-        if self.max_seqlen_k is None:
-            self.max_seqlen_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
-
-    def key_grid(self) -> int:
-        """max_seqlen_k, the backward's grid over key blocks: given, resolved, or read back now."""
-        if self.max_seqlen_k is None:
-            self.max_seqlen_k = int((self.cu_k[1:] - self.cu_k[:-1]).max().item())
-        return self.max_seqlen_k
+        self.max_seqlen_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
 
 
 class ForwardOp:
@@ -368,7 +362,7 @@ class ForwardOp:
         if packed is not None:
             # one batch of extent 1 whose rows the sequence tensors cut up; the sequence is blockIdx.z
             q, k, v, out, dout, lse, dlse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dlse, dq, dk, dv))
-            b, s_q = packed.batch, packed.max_seqlen_q
+            b, s_q = 1, total_q
         f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
                    torch.empty(lse.shape, **f32),  # lse_log2
@@ -377,13 +371,16 @@ class ForwardOp:
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
         if plan["deterministic"]:
-            n_keys = packed.key_grid() if packed is not None else s_k
-            tensors.append(torch.zeros((b, h, -(-s_q // plan["tile_m"])), **i32))  # sem_dq
+            # per (batch, head, tile); varlen: per (head, packed tile), the tiles of every sequence
+            # numbered back to back (at most ceil(total / tile) + sequences)
+            q_tiles = -(-s_q // plan["tile_m"]) + (packed.batch if packed is not None else 0)
+            k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)
+            tensors.append(torch.zeros((b, h, q_tiles), **i32))  # sem_dq
             if plan["dkv_accum"]:
-                tensors.append(torch.zeros((b, h_kv, -(-n_keys // plan["tile_n"])), **i32))  # sem_dkv
+                tensors.append(torch.zeros((b, h_kv, k_tiles), **i32))  # sem_dkv
         if packed is not None:
             tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
-            args += [packed.key_grid(), int(packed.seqused_k is not None)]
+            args.append(int(packed.seqused_k is not None))
         self._launch(self.backward_function(arch), q.device, tensors + args)
         if packed is not None:
             dq, dk, dv = dq[0], dk[0], dv[0]

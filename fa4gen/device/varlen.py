@@ -110,3 +110,20 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
                 m_block = local
         base = base + cute.arch.shuffle_sync(incl, 31)
     return seq, m_block
+
+
+@cute.jit
+def tiles_before(cu_seqlens: cute.Tensor, seq: Int32, total: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
+    """How many tiles of `tile_m` rows the sequences before `seq` own: sequence `seq`'s first tile
+    number in `tile_of`'s numbering (a warp sum over 32 sequences per step; warp-uniform)."""
+    lane = cute.arch.lane_idx()
+    base = Int32(0)
+    for j in cutlass.range(0, seq, 32, unroll=1):
+        count = Int32(0)
+        if j + lane < seq:
+            _, length = sequence_bounds(cu_seqlens, j + lane, total)
+            count = (length + tile_m - 1) // tile_m
+        for step in cutlass.range_constexpr(5):
+            count = count + cute.arch.shuffle_sync_bfly(count, 1 << step)
+        base = base + count
+    return base

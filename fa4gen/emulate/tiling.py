@@ -204,3 +204,8 @@ def tile_of(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m:
             m_block = counts[first] - 1 - local if descending else local
         base += incl[31]
     return seq, m_block
+
+
+def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> int:
+    """Sequence `seq`'s first tile number in tile_of's numbering (fa4gen/device/varlen.py)."""
+    return sum((sequence_bounds(cu_seqlens, i, total)[1] + tile_m - 1) // tile_m for i in range(seq))

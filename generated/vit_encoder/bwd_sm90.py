@@ -456,7 +456,6 @@ def fake_arguments():
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V),
         fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
         fake.bshd(Float32, b, s_q, h_q, HEAD_DIM),
-        # one semaphore row per sequence: varlen tensors have a batch of 1, the semaphores do not
         fake.semaphores(b, h_q, n_m),
         Float32(1.0), Float32(1.0),
         fake.stream(),
