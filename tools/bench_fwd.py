@@ -115,12 +115,13 @@ def main():
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--ablation", action="store_true", help="d128, s4k/s16k: each pipeline switch off in turn")
+    ap.add_argument("--ablation", action="store_true", help="s4k/s16k: each pipeline switch off in turn (d: --ablation-dim)")
+    ap.add_argument("--ablation-dim", type=int, default=128, help="head dim of the --ablation run")
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     args = ap.parse_args()
     if args.ablation:
-        return ablation(Path(args.out))
+        return ablation(Path(args.out), args.ablation_dim)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     fa4 = _fa4()
@@ -205,33 +206,52 @@ ABLATION = {
     "rescale_threshold 0": {"rescale_threshold": 0.0},
     "poly_exp share 0.15": {"poly_exp": {"share": 0.15, "degree": 3}},
     "kv_stages 3": {"kv_stages": 3},
+    "tile_m 192": {"tile_m": 192},
+    "tile_m 192, tile_n 96": {"tile_m": 192, "tile_n": 96},
+    "tile_m 192, rescale_threshold 0": {"tile_m": 192, "rescale_threshold": 0.0},
 }
 
 
-def ablation(out_dir: Path):
-    """Each pipeline switch flipped from the default, d128, causal and not, s4k and s16k."""
+def ablation(out_dir: Path, d: int = 128):
+    """Each pipeline switch flipped from the default, head dim d, causal and not, s4k and s16k, with
+    flash-attn-4 on the same shapes as a reference row; switches the planner refuses for this d (e.g.
+    tile_m 192 over the register budget) are listed as refused."""
+    from fa4gen.plan import PlanError
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    fa4 = _fa4()
+    labels = list(ABLATION) + (["flash-attn-4"] if fa4 is not None else [])
     rows = []
     for causal in (False, True):
-        for label, pipe in ABLATION.items():
-            pkg = fa4gen.build(dict(name=f"abl_{len(rows)}", targets=["sm90"], dtype="bf16", head_dim=128,
-                                    mask={"kind": "causal" if causal else "none"}, pipeline=pipe))
+        for label in labels:
+            if label == "flash-attn-4":
+                run = lambda q, k, v: fa4(q, k, v, causal=causal)  # noqa: E731
+            else:
+                try:
+                    pkg = fa4gen.build(dict(name=f"abl_d{d}_{len(rows)}", targets=["sm90"], dtype="bf16", head_dim=d,
+                                            mask={"kind": "causal" if causal else "none"}, pipeline=ABLATION[label]))
+                except PlanError as err:
+                    print(f"{label}: refused by the planner for d{d}: {err}".splitlines()[0])
+                    rows += [{"switch": label, "causal": causal, "seqlen": s, "tflops": None} for s in (4096, 16384)]
+                    continue
+                run = lambda q, k, v: pkg.attention(q, k, v)  # noqa: E731
             for s in (4096, 16384):
-                b, h, d = 16384 // s, 16, 128
+                b, h = 16384 // s, 2048 // d
                 q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                ms = do_bench(lambda: pkg.attention(q, k, v), warmup=25, rep=100, return_mode="median")
+                ms = do_bench(lambda: run(q, k, v), warmup=25, rep=100, return_mode="median")
                 rows.append({"switch": label, "causal": causal, "seqlen": s, "tflops": round(flops / ms / 1e9, 1)})
                 print(json.dumps(rows[-1]), flush=True)
-    (out_dir / "ablation.json").write_text(json.dumps(rows, indent=1))
+    (out_dir / f"ablation_d{d}.json").write_text(json.dumps(rows, indent=1))
     base = {(r["causal"], r["seqlen"]): r["tflops"] for r in rows if r["switch"] == "default"}
-    lines = ["| switch | causal | s4k TFLOP/s | s16k TFLOP/s | vs default s4k | vs default s16k |", "|---|---|---|---|---|---|"]
+    lines = [f"| switch (d{d}) | causal | s4k TFLOP/s | s16k TFLOP/s | vs default s4k | vs default s16k |",
+             "|---|---|---|---|---|---|"]
     for causal in (False, True):
-        for label in ABLATION:
+        for label in labels:
             t = {r["seqlen"]: r["tflops"] for r in rows if r["switch"] == label and r["causal"] == causal}
-            lines.append(f"| {label} | {'y' if causal else 'n'} | {t[4096]} | {t[16384]} | "
-                         f"{t[4096] / base[(causal, 4096)]:.3f} | {t[16384] / base[(causal, 16384)]:.3f} |")
-    (out_dir / "ablation.md").write_text("\n".join(lines) + "\n")
+            ratio = {s: f"{t[s] / base[(causal, s)]:.3f}" if t[s] else "refused" for s in (4096, 16384)}
+            lines.append(f"| {label} | {'y' if causal else 'n'} | {t[4096]} | {t[16384]} | {ratio[4096]} | {ratio[16384]} |")
+    (out_dir / f"ablation_d{d}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

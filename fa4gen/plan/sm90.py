@@ -33,12 +33,18 @@ def _auto_tile_n(head_dim: int) -> int:
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
     problems = []
     p = spec.pipeline
-    # Two consumer warpgroups by default. FA3/FA4 run three (tile_m 192) for head_dim <= 64, but with
-    # it our d64 cells fell to 0.68-0.78x flash-attn-4 in the same run, against 0.79-1.00x with 128
-    # (docs/perf/2026-11-29_fwd_tilem192.json vs 2026-11-29_foundation_fwd.json), so 192 is opt-in.
-    # That run predates the masked/unmasked key-block runs, which removed the exponentials ptxas
-    # recomputed under 160 registers (docs/PERF.md); 192 must be re-measured before it becomes default.
-    tile_m = 128 if p.tile_m == "auto" else p.tile_m
+    # auto: three consumer warpgroups (tile_m 192) for head dims <= 64 without a mask, two (128)
+    # otherwise. For d64 the H200 measured 192 at +14-16% over 128 without a mask (two runs,
+    # docs/perf/2026-11-29_ablation_d64*.json); with a causal mask it wins at long seqlens (+10% at
+    # 16k) but loses at short ones (-16% at 1k: fewer CTAs), so masked specs keep 128 (opt in with
+    # tile_m: 192). Above d64 the 160-register budget of three warpgroups does not hold the O and S
+    # fragments (the planner refuses it with the numbers).
+    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
+    regs = spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
+    # (auto also keeps 128 rows when a hand-set tile_n would not fit three warpgroups' budget)
+    small = (max(spec.head_dim, spec.head_dim_v) <= 64 and spec.mask.kind == "none"
+             and regs <= REGS_CONSUMER[3])
+    tile_m = (192 if small else 128) if p.tile_m == "auto" else p.tile_m
     if tile_m not in (128, 192):
         problems.append(problem(
             "pipeline.tile_m",
@@ -48,7 +54,6 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         tile_m = 128
     num_wg = tile_m // 64
     regs_consumer = REGS_CONSUMER[num_wg]
-    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
     kv_stages = 2 if p.kv_stages == "auto" else p.kv_stages
     if spec.head_dim_v > spec.head_dim:
         problems.append(problem(
@@ -68,7 +73,6 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         + kv_stages * tile_n * (spec.head_dim + spec.head_dim_v) * elem
         + (1 + 2 * kv_stages) * 2 * 8
     )
-    regs = spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
     reg_file = 128 * REGS_PRODUCER + 128 * num_wg * regs_consumer
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
@@ -99,6 +103,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         notes.append("ping_pong auto -> on (FA3's choice)")
     if p.intra_wg_overlap == "auto":
         notes.append("intra_wg_overlap auto -> on (FA3's choice)")
+    if p.tile_m == "auto":
+        notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")

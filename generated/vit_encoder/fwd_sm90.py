@@ -5,7 +5,7 @@
 """vit_encoder: SM90 forward attention (TMA + WGMMA, warp-specialized).
 
 Roles: warpgroup 0 loads (its first warp issues TMA for Q once, then K and V per key block);
-warpgroups 1..2 each own 64 query rows: S = Q·Kᵀ, mask, online softmax, O += P·V with
+warpgroups 1..3 each own 64 query rows: S = Q·Kᵀ, mask, online softmax, O += P·V with
 P from registers, then the epilogue (LSE, O through shared memory and a TMA store).
 """
 
@@ -26,13 +26,13 @@ from fa4gen.device import softmax
 DTYPE = cutlass.Float16
 HEAD_DIM = 64
 HEAD_DIM_V = 64
-TILE_M = 128
+TILE_M = 192
 TILE_N = 128
 KV_STAGES = 2
-NUM_MMA_WG = 2
-THREADS = 384
+NUM_MMA_WG = 3
+THREADS = 512
 REGS_PRODUCER = 24
-REGS_CONSUMER = 240
+REGS_CONSUMER = 160
 RESCALE_THRESHOLD = 8.0
 RESCALE_VOTE = True  # skip O rescales no row of the warp needs
 POLY_EVERY = 0
