@@ -9,8 +9,8 @@
   bwd bitwise repeat      (deterministic specs) REPEATS backward passes over the same inputs give
                           bitwise identical dq, dk, dv
 
-The cases are the forward's (checks.cases: the spec's own window / chunk and a small run-time one)
-over BWD_CASE_SHAPES, a few of the forward's shapes: fewer, because each case also runs two
+The cases are the forward's (checks.cases: the spec's own window / chunk and a small run-time one;
+packed sequences for a varlen variant, fa4gen.golden.packed) over BWD_CASE_SHAPES, a few of the forward's shapes: fewer, because each case also runs two
 reference backward passes. On the CPU a backward kernel gets the compile + SASS check
 (checks.compile_and_sass); there is no CPU emulator of the backward's algorithm.
 """
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-from fa4gen.golden import tolerance
-from fa4gen.golden.checks import CheckResult, Worst, case_seed, cases, check_name, make_inputs
+from fa4gen.golden import packed, tolerance
+from fa4gen.golden.checks import CheckResult, Worst, case_seed, cases, check_name
 from fa4gen.golden.variants import Variant
 from fa4gen.reference import attention_ref_grads, mask_semantics
 
@@ -50,16 +50,17 @@ def backward_numerics(
     n = 0
     for i, case in enumerate(cases(plan, shapes)):
         seed = case_seed(variant, case)
-        q, k, v = (t.requires_grad_() for t in make_inputs(plan, case, seed=seed, device=device))
-        out, lse = pkg.attention(q, k, v, return_lse=True, **case.kwargs())
+        q, k, v, seq = packed.case_inputs(plan, case.shape, seed=seed, device=device)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out, lse = pkg.attention(q, k, v, return_lse=True, **seq, **case.kwargs())
         dout, dlse = _output_grads(out, lse, seed=seed, with_dlse=i % 2 == 1)
         _poison_allocator(q, k, v)
         outputs, grads = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
         torch.autograd.backward(outputs, grads)
         _synchronize(device)
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
-        exact = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
-        low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, **sem)
+        exact = attention_ref_grads(q, k, v, dout, dlse=dlse, packed=seq or None, **sem)
+        low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, packed=seq or None, **sem)
         for name, t, e, lo in zip(GRADS, (q, k, v), exact, low):
             label = name if dlse is None else f"{name} (with dlse)"
             worst.add(tolerance.grad_against_reference(label, t.grad, e, lo, softcap=plan["softcap"] > 0), case)
@@ -76,8 +77,9 @@ def bitwise_repeat(variant: Variant, plan: dict, *, shape=REPEAT_SHAPE, repeats=
     pkg = variant.load()
     case = next(cases(plan, [shape]))
     seed = case_seed(variant, case)
-    q, k, v = (t.requires_grad_() for t in make_inputs(plan, case, seed=seed, device=device))
-    out, lse = pkg.attention(q, k, v, return_lse=True)
+    q, k, v, seq = packed.case_inputs(plan, case.shape, seed=seed, device=device)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, lse = pkg.attention(q, k, v, return_lse=True, **seq)
     dout, dlse = _output_grads(out, lse, seed=seed, with_dlse=True)
     runs = [torch.autograd.grad([out, lse], [q, k, v], [dout, dlse], retain_graph=True) for _ in range(repeats)]
     _synchronize(device)

@@ -13,7 +13,8 @@ direction in front of the check's name ("bwd compile + SASS", "bwd grads vs refe
 
 Every numeric check runs the same cases: CASE_SHAPES (tile multiples and not, seqlen_q < and >
 seqlen_k, seqlen 1, MHA/GQA/MQA) with the spec's own window/chunk and, for windowed or chunked
-specs, a small run-time one that masks whole rows and tiles.
+specs, a small run-time one that masks whole rows and tiles. A varlen variant runs each case as a
+packed batch of mixed-length sequences (fa4gen.golden.packed).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from typing import Any
 
 import torch
 
-from fa4gen.emulate import EMULATED_ARCHS, Algorithm, emulate_forward
-from fa4gen.golden import tolerance
+from fa4gen.emulate import EMULATED_ARCHS, Algorithm
+from fa4gen.golden import packed, tolerance
 from fa4gen.golden.variants import Variant
-from fa4gen.reference import attention_ref, mask_semantics
+from fa4gen.reference import mask_semantics
 
 CASE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -97,11 +98,8 @@ def cases(plan: dict, shapes=CASE_SHAPES) -> Iterator[Case]:
 
 
 def make_inputs(plan: dict, case: Case, *, seed: int, device="cpu"):
-    b, s_q, s_k, h, h_kv = case.shape
-    dtype = TORCH_DTYPES[plan["dtype"]]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    mk = lambda s, hh, d: torch.randn(b, s, hh, d, device=device, dtype=dtype, generator=gen)  # noqa: E731
-    return mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"])
+    """(q, k, v) of a case (packed for a varlen plan: use packed.case_inputs to get its sequences)."""
+    return packed.case_inputs(plan, case.shape, seed=seed, device=device)[:3]
 
 
 def case_seed(variant: Variant, case: Case) -> int:
@@ -140,11 +138,11 @@ def emulator_vs_reference(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -
     worst = Worst("emulator vs reference")
     n = 0
     for case in cases(plan, shapes):
-        q, k, v = make_inputs(plan, case, seed=case_seed(variant, case))
-        emu, emu_lse = emulate_forward(q, k, v, algo, **case.kwargs())
+        q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case))
+        emu, emu_lse = packed.emulate(q, k, v, algo, seq, **case.kwargs())
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
-        exact, exact_lse = attention_ref(q, k, v, **sem)
-        low, _ = attention_ref(q, k, v, upcast=False, **sem)
+        exact, exact_lse = packed.reference(q, k, v, seq, **sem)
+        low, _ = packed.reference(q, k, v, seq, upcast=False, **sem)
         worst.add(tolerance.against_reference(emu, exact, low), case)
         worst.add(tolerance.lse_against_reference(emu_lse, exact_lse), case)
         n += 1
@@ -218,17 +216,16 @@ def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> list
     ref_w, emu_w, ev_w = Worst("kernel vs reference"), Worst("kernel vs emulator"), Worst("emulator vs reference")
     n = 0
     for case in cases(plan, shapes):
-        q, k, v = make_inputs(plan, case, seed=case_seed(variant, case), device="cuda")
-        b, s_q, _, h, _ = case.shape
-        out = torch.full((b, s_q, h, plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
-        _poison_allocator((b, h, s_q))
-        res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **case.kwargs())
+        q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case), device="cuda")
+        out = torch.full((*q.shape[:-1], plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
+        _poison_allocator(packed.lse_shape(q, seq))
+        res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **seq, **case.kwargs())
         lse = res[1] if plan["write_lse"] else None
         torch.cuda.synchronize()
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
-        exact, exact_lse = attention_ref(q, k, v, **sem)
-        low, _ = attention_ref(q, k, v, upcast=False, **sem)
-        emu, emu_lse = emulate_forward(q.cpu(), k.cpu(), v.cpu(), algo, **case.kwargs())
+        exact, exact_lse = packed.reference(q, k, v, seq, **sem)
+        low, _ = packed.reference(q, k, v, seq, upcast=False, **sem)
+        emu, emu_lse = packed.emulate(q, k, v, algo, seq, **case.kwargs())
         ref_w.add(tolerance.against_reference(out, exact, low), case)
         emu_w.add(tolerance.against_emulator(out, emu, dtype, tolerance.reference_budget(exact, low)), case)
         ev_w.add(tolerance.against_reference(emu.to(exact.device), exact, low), case)
