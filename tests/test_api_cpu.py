@@ -44,7 +44,8 @@ def test_attention_signature(name):
     params = sig.parameters
     assert list(params)[:3] == ["q", "k", "v"]
     assert all(params[p].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in ("q", "k", "v"))
-    expected_kw = ["softmax_scale"]
+    expected_kw = ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "seqused_k", "max_seqlen_k"] if spec.varlen else []
+    expected_kw += ["softmax_scale"]
     if spec.mask.kind == "sliding_window":
         expected_kw.append("window")
     if spec.mask.kind == "chunked":

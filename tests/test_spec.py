@@ -54,7 +54,7 @@ def test_specs_dir_has_the_model_specs():
 
 
 # the shipped specs that also generate the SM90 backward (issue #4), and the deterministic one among them
-BACKWARD_SPECS = {"llama3_8b", "gemma2_9b", "vit_encoder"}
+BACKWARD_SPECS = {"llama3_8b", "gemma2_9b", "vit_encoder", "qwen2_7b_packed"}
 DETERMINISTIC_SPECS = {"vit_encoder"}
 
 
@@ -72,6 +72,8 @@ def test_shipped_spec_contents():
     gemma = load_spec(SPECS_DIR / "gemma2_9b.yaml")
     assert gemma.mask == SlidingWindowMask(left=4095, right=0)
     assert (gemma.head_dim, gemma.softcap) == (256, 50.0)
+    qwen = load_spec(SPECS_DIR / "qwen2_7b_packed.yaml")
+    assert qwen.varlen and qwen.backward and qwen.mask.kind == "causal" and qwen.head_dim == 128
     mla = load_spec(SPECS_DIR / "deepseek_mla.yaml")
     assert (mla.head_dim, mla.head_dim_v, mla.targets) == (192, 128, ["sm90", "sm100"])
     fa4 = load_spec(SPECS_DIR / "fa4_pipeline.yaml")

@@ -300,14 +300,9 @@ class ForwardOp:
                 "run under torch.no_grad() or build a spec with backward: true",
                 RuntimeError,
             )
-        if packed_spec:
-            self._check_packed_shapes(q, k, v, plan)
-            seqlens = (q.shape[0], k.shape[0])
-            out_shape = (q.shape[0], q.shape[1], plan["head_dim_v"])
-        else:
-            self._check_shapes(q, k, v, plan)
-            seqlens = (q.shape[1], k.shape[1])
-            out_shape = (q.shape[0], q.shape[1], q.shape[2], plan["head_dim_v"])
+        self.check_shapes(q, k, v, plan)
+        seqlens = (q.shape[0], k.shape[0]) if packed_spec else (q.shape[1], k.shape[1])
+        out_shape = (*q.shape[:-1], plan["head_dim_v"])
         self._scale(softmax_scale, plan)
         self._runtime_args(plan, 1.0, window, chunk_size, seqlens=seqlens)
         if return_lse and not plan["write_lse"]:
@@ -419,6 +414,13 @@ class ForwardOp:
                 _fail(f"{name}: expected a CUDA tensor, got device {t.device}")
             if t.device != device:
                 _fail(f"{name}: expected the device of q ({device}), got {t.device}")
+
+    def check_shapes(self, q, k, v, plan) -> None:
+        """q, k, v agree with each other and the plan (packed for a varlen plan); device-independent."""
+        if plan.get("varlen", False):
+            self._check_packed_shapes(q, k, v, plan)
+        else:
+            self._check_shapes(q, k, v, plan)
 
     def _check_shapes(self, q, k, v, plan) -> None:
         if not (q.shape[0] == k.shape[0] == v.shape[0]):

@@ -40,14 +40,27 @@ class Call:
 
 
 def good_call(plan: Mapping[str, Any], *, device="cpu", shape=(1, 64, 96, 4, 2), seed=0) -> Call:
-    """A valid call for `plan` (the lock's plan dict): BSHD tensors of the plan's dtype."""
+    """A valid call for `plan` (the lock's plan dict): BSHD tensors of the plan's dtype, or for a
+    varlen plan the same batch packed — (total, heads, dim) with cu_seqlens_q / cu_seqlens_k."""
     b, s_q, s_k, h, h_kv = shape
     if not plan["allow_gqa"]:
         h_kv = h
     dtype = TORCH_DTYPES[plan["dtype"]]
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    if plan.get("varlen"):
+        mk = lambda s, hh, d: torch.randn(b * s, hh, d, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+        cu = lambda s: torch.arange(0, b * s + 1, max(s, 1), dtype=torch.int32, device=device)[: b + 1]  # noqa: E731
+        kwargs = dict(cu_seqlens_q=cu(s_q), cu_seqlens_k=cu(s_k) if s_k else torch.zeros(b + 1, dtype=torch.int32,
+                                                                                        device=device))
+        return Call(mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"]),
+                    kwargs)
     mk = lambda s, hh, d: torch.randn(b, s, hh, d, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
     return Call(mk(s_q, h, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim"]), mk(s_k, h_kv, plan["head_dim_v"]))
+
+
+def _heads_dim(call: Call) -> int:
+    """The heads mode of the call's tensors: 2 in BSHD, 1 packed."""
+    return 1 if "cu_seqlens_q" in call.kwargs else 2
 
 
 def _swap(call: Call, name: str, value: Any) -> Call:
@@ -92,25 +105,36 @@ def _resize_last(t: torch.Tensor, delta: int) -> torch.Tensor:
 
 def _kv_heads(call: Call, i: int, plan) -> Call:
     """k/v with a head count that does not divide q's (or, without GQA, differs from it)."""
-    h = call.q.shape[2]
+    hd = _heads_dim(call)
+    h = call.q.shape[hd]
     h_kv = [h + 1, h - 1 if h > 2 else h + 1][i] if plan["allow_gqa"] else [h // 2 or h + 1, h + 1][i]
-    k = torch.zeros(*call.k.shape[:2], h_kv, call.k.shape[3], dtype=call.k.dtype, device=call.k.device)
-    v = torch.zeros(*call.v.shape[:2], h_kv, call.v.shape[3], dtype=call.v.dtype, device=call.v.device)
-    return replace(call, k=k, v=v)
+
+    def heads(t):
+        return torch.zeros(*t.shape[:hd], h_kv, *t.shape[hd + 1:], dtype=t.dtype, device=t.device)
+
+    return replace(call, k=heads(call.k), v=heads(call.v))
 
 
 def _one_more_key(call: Call, i: int, plan) -> Call:
-    """v with one key more than k."""
+    """v with one key more than k (packed: one more row)."""
     v = call.v
-    return _swap(call, "v", torch.cat([v, v.new_zeros(v.shape[0], 1, *v.shape[2:])], dim=1))
+    dim = _heads_dim(call) - 1
+    more = v.new_zeros(*v.shape[:dim], 1, *v.shape[dim + 1:])
+    return _swap(call, "v", torch.cat([v, more], dim=dim))
+
+
+def _kv_batch(call: Call, i: int, plan) -> Call:
+    """k/v with a batch more than q's; packed, whose rows no longer end where cu_seqlens_k does."""
+    k, v = torch.cat([call.k, call.k]), torch.cat([call.v, call.v])
+    return replace(call, k=k, v=v)
 
 
 def _bad_out(call: Call, i: int, plan) -> Call:
     q, dv = call.q, plan["head_dim_v"]
-    shape = (*q.shape[:3], dv)
+    shape = (*q.shape[:-1], dv)
     dtype, device = q.dtype, q.device
     outs = [
-        torch.empty(*shape[:3], dv + 8, dtype=dtype, device=device),  # wrong head dim
+        torch.empty(*shape[:-1], dv + 8, dtype=dtype, device=device),  # wrong head dim
         torch.empty(shape[0] + 1, *shape[1:], dtype=dtype, device=device),  # wrong batch
         torch.empty(shape, dtype=torch.float32, device=device),  # wrong dtype
         _last_dim_strided(torch.empty(shape, dtype=dtype, device=device)),  # last dim not contiguous
@@ -133,19 +157,26 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
     **_tensor_mutations("k"),
     **_tensor_mutations("v"),
     "kv_heads": ("k", 2, _kv_heads),
-    "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
+    "kv_batch": ("k", 1, _kv_batch),
     "v_seqlen": ("v", 1, _one_more_key),
-    "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=2))),
+    "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=_heads_dim(c)))),
     "out": ("out", 5, _bad_out),
     "softmax_scale": ("softmax_scale", len(BAD_SCALES), lambda c, i, p: _swap(c, "softmax_scale", BAD_SCALES[i])),
     "window": ("window", len(BAD_WINDOWS), _window),
     "chunk_size": ("chunk_size", len(BAD_CHUNKS), _chunk),
     "return_lse": ("return_lse", 1, lambda c, i, p: _swap(c, "return_lse", True)),
     "cu_seqlens": ("cu_seqlens_q", 1, lambda c, i, p: _swap(c, "cu_seqlens_q", torch.tensor([0, 5, 3]))),  # not monotone
+    # packed sequences (varlen specs; any other spec has no such argument and must say so)
+    "cu_seqlens_k": ("cu_seqlens_k", 3, lambda c, i, p: _swap(c, "cu_seqlens_k", [
+        torch.zeros(1, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32), [0, 1]][i])),
+    "seqused_k": ("seqused_k", 2, lambda c, i, p: _swap(c, "seqused_k", [
+        torch.zeros(99, dtype=torch.int32), torch.zeros(1, dtype=torch.float32)][i])),
+    "max_seqlen_q": ("max_seqlen_q", 3, lambda c, i, p: _swap(c, "max_seqlen_q", [-1, 1.5, True][i])),
 }
 # Mutations a CPU-only machine can check end to end: ForwardOp checks that q is a CUDA tensor right
 # after its type, so every other argument's check is out of reach with CPU tensors.
-CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens")
+CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens", "cu_seqlens_k", "seqused_k",
+                         "max_seqlen_q")
 
 
 def applicable(kind: str, plan: Mapping[str, Any], call: Call, *, has_backward: bool = False) -> bool:
@@ -159,6 +190,10 @@ def applicable(kind: str, plan: Mapping[str, Any], call: Call, *, has_backward: 
         return not plan["write_lse"]
     if kind.endswith("_device"):
         return call.q.device.type == "cuda"
+    if kind == "kv_batch":
+        # packed sequences have no batch mode: doubled k/v rows only disagree with cu_seqlens_k's
+        # values, a check of that argument
+        return not plan.get("varlen")
     return True
 
 
