@@ -108,6 +108,10 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
+    if spec.varlen:
+        notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
+                     "sequences); per-sequence bounded TMA views, so loads past a sequence read zeros and stores "
+                     "past it are dropped")
     return KernelPlan(
         **identity_fields(spec, "sm90", "sm_90a", "fwd"),
         tile_m=tile_m,
@@ -211,6 +215,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
         "dQ: fp32 tiles reduced into global memory by TMA (cp.reduce.async.bulk), converted by the postprocess",
     ]
+    if spec.varlen:
+        notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
+                     "tensor, so no workspace is padded per sequence and keys past seqused_k get zero gradients")
     if spec.deterministic:
         notes.append(
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
