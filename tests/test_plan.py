@@ -377,14 +377,17 @@ def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
     assert (plan.tile_m, plan.num_mma_warpgroups, plan.regs_consumer) == (192, 3, 160)
 
 
-def test_varlen_plans_forward_and_backward_on_sm90_and_sm100_refuses_it_by_name():
+def test_varlen_plans_on_sm90_and_sm100_and_refuses_two_cta_by_name():
     spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, varlen=True, backward=True,
                                      deterministic=True))
     fwd, bwd = plan_kernels(spec, "sm90")
     assert fwd.varlen and bwd.varlen and bwd.deterministic
+    (b_fwd,) = plan_kernels(spec_from_dict({**_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, varlen=True),
+                                            "targets": ["sm100"]}), "sm100")
+    assert b_fwd.varlen
     with pytest.raises(PlanError) as info:
-        plan_kernels(spec_from_dict({**_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, varlen=True),
-                                     "targets": ["sm100"]}), "sm100")
+        plan_kernels(spec_from_dict({**_spec_dict(0, (128, None), "bf16", {"kind": "none"}, {"two_cta": True},
+                                                  varlen=True), "targets": ["sm100"]}), "sm100")
     assert [p.location for p in info.value.problems] == ["varlen"]
     assert "not available" in info.value.problems[0].message
 

@@ -48,6 +48,10 @@ VARIANTS = {
     "d128_two_cta": {"head_dim": 128, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},
     "d192_two_cta": {"head_dim": 192, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},  # tile_n 64
     "d192_128_two_cta_lse": {"head_dim": 192, "head_dim_v": 128, "return_lse": True, "pipeline": {"two_cta": True}},
+    # packed sequences: the SM90 family's bounded TMA views and tile numbering (fa4gen/device/varlen.py)
+    "d128_varlen_causal_lse": {"head_dim": 128, "mask": {"kind": "causal"}, "return_lse": True, "varlen": True},
+    "d64_varlen_window_fp16": {"head_dim": 64, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100},
+                               "varlen": True},
 }
 TWO_CTA = [name for name, d in VARIANTS.items() if d.get("pipeline", {}).get("two_cta")]
 
@@ -99,6 +103,7 @@ def test_generated_text_has_no_dead_features(compiled, name):
     assert ("apply_softcap" in text) == plan.has_softcap
     assert ("mLSE" in text) == plan.write_lse
     assert ("PERSISTENT_CTAS" in text) == (plan.scheduler == "persistent")
+    assert ("varlen." in text) == plan.varlen
     # the peeled first key block, then the descending runs of mask.mask_phases: one mask-free run
     # without a mask; masked + mask-free for causal; a third, left-edge run for windows and chunks
     runs = {"none": 1, "causal": 2, "sliding_window": 3, "chunked": 3}[plan.mask_kind]

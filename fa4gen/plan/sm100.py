@@ -175,8 +175,9 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     if p.tile_n != "auto" and (p.tile_n % 32 or p.tile_n > 256):
         problems.append(problem("pipeline.tile_n", "sm100 key tiles are loaded from TMEM 32 columns at a time, so "
                                 f"tile_n must be a multiple of 32 up to 256 (got {p.tile_n})"))
-    if spec.varlen:
-        problems.append(problem("varlen", "varlen is not available in the sm100 family yet"))
+    if spec.varlen and spec.pipeline.two_cta:
+        problems.append(problem("varlen", "varlen with pipeline.two_cta is not available in the sm100 family yet "
+                                "(a CTA pair would straddle sequences); use two_cta: false"))
     if spec.backward:
         problems.append(problem("backward", "the sm100 backward kernels are not available yet"))
     two_cta = _two_cta(spec, problems)

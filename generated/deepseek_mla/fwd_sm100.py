@@ -223,6 +223,11 @@ class FlashFwdSm100:
             tile = first_tile
             while tile < num_tiles:
                 m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                mQ_t = mQ[None, None, head, batch]
+                mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
+                mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
+                mO_t = mO[None, None, head, batch]
+                lse_batch = batch
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -343,6 +348,11 @@ class FlashFwdSm100:
             tile = first_tile
             while tile < num_tiles:
                 m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                mQ_t = mQ[None, None, head, batch]
+                mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
+                mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
+                mO_t = mO[None, None, head, batch]
+                lse_batch = batch
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -378,7 +388,7 @@ class FlashFwdSm100:
                 if warp_idx == WARPS_CORRECTION[0]:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)  # the last tile's O has left sO
                 epilogue_barrier.arrive_and_wait()
-                gO = cute.local_tile(mO[None, None, head, batch], (MMA_M, HEAD_DIM_V), (None, 0))
+                gO = cute.local_tile(mO_t, (MMA_M, HEAD_DIM_V), (None, 0))
                 tOsO, tOgO = cpasync.tma_partition(
                     tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
                 )
@@ -426,6 +436,11 @@ class FlashFwdSm100:
             tile = first_tile
             while tile < num_tiles:
                 m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                mQ_t = mQ[None, None, head, batch]
+                mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
+                mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
+                mO_t = mO[None, None, head, batch]
+                lse_batch = batch
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
@@ -495,13 +510,17 @@ class FlashFwdSm100:
             tile = first_tile
             while tile < num_tiles:
                 m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                mQ_t = mQ[None, None, head, batch]
+                mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
+                mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
+                mO_t = mO[None, None, head, batch]
+                lse_batch = batch
                 bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
                 n_min, n_max = bw.key_blocks(bounds, TILE_N)
 
-                head_kv = head // (num_heads // mK.shape[2])
-                gQ = cute.local_tile(mQ[None, None, head, batch], (MMA_M, HEAD_DIM), (None, 0))
-                gK = cute.local_tile(mK[None, None, head_kv, batch], (TILE_N, HEAD_DIM), (None, 0))
-                gV = cute.local_tile(mV[None, None, head_kv, batch], (HEAD_DIM_V, TILE_N), (0, None))
+                gQ = cute.local_tile(mQ_t, (MMA_M, HEAD_DIM), (None, 0))
+                gK = cute.local_tile(mK_t, (TILE_N, HEAD_DIM), (None, 0))
+                gV = cute.local_tile(mV_t, (HEAD_DIM_V, TILE_N), (0, None))
                 tQsQ, tQgQ = bw.tma_split(tma_q, sQ, qk_thr.partition_A(gQ))
                 tKsK, tKgK = bw.tma_split(tma_k, sK, qk_thr.partition_B(gK))
                 tVsV, tVgV = bw.tma_split(tma_v, sV, pv_thr.partition_B(gV))
