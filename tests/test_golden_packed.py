@@ -1,7 +1,7 @@
 """Golden checks of `varlen: true` variants on the CPU (fa4gen.golden.packed): each case becomes a
 packed batch of mixed-length sequences; the emulator and the reference run per sequence; the
-backward's check logic runs against CPU stand-ins for the package (a correct one passes, a broken
-one fails), as tests/test_golden_cli.py does for batched variants. The GPU side is the same code
+forward's and the backward's GPU check logic runs against CPU stand-ins for the package (a correct
+one passes, a broken one fails), as tests/test_golden_cli.py does for batched backward variants. The GPU side is the same code
 with the real package (`fa4gen test` on a Hopper GPU)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 import fa4gen
 from fa4gen.emulate import Algorithm, emulate_forward
-from fa4gen.golden import emulator_vs_reference, load_variant, packed
+from fa4gen.golden import emulator_vs_reference, kernel_numerics, load_variant, packed
 from fa4gen.golden.backward import backward_numerics
 from fa4gen.reference import attention_ref, attention_ref_varlen, mask_semantics
 
@@ -102,3 +102,32 @@ def test_backward_check_runs_packed_and_catches_a_wrong_mask(variant):
     (grads, _) = backward_numerics(variant, plan, device="cpu", shapes=[(1, 113, 203, 4, 2)],
                                    repeat_shape=(1, 70, 90, 2, 1))
     assert grads.failed and "budget" in grads.detail
+
+
+def _forward_stand_in(plan, *, drop_last_row=False):
+    """The varlen package's forward on the CPU: the emulator of its own plan, written into `out=` (so
+    kernel vs emulator is bit-exact and kernel vs reference is inside the budget), or with the packed
+    output's last row left unwritten (NaN, as a kernel that stops at a sequence boundary would)."""
+    algo = Algorithm.from_plan(plan)
+
+    def attention(q, k, v, *, cu_seqlens_q, cu_seqlens_k, out, return_lse=False, window=None, chunk_size=None):
+        kw = {k_: v_ for k_, v_ in (("window", window), ("chunk_size", chunk_size)) if v_ is not None}
+        emu, lse = packed.emulate(q, k, v, algo, dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k), **kw)
+        out.copy_(emu)
+        if drop_last_row:
+            out[-1] = float("nan")
+        return (out, lse) if return_lse else out
+
+    return SimpleNamespace(attention=attention)
+
+
+def test_forward_kernel_check_runs_packed_and_catches_an_unwritten_row(variant):
+    plan = _plans(variant)["fwd"]
+    shapes = [(1, 113, 203, 4, 2), (3, 1, 1, 2, 2)]
+    variant._module = _forward_stand_in(plan)
+    ref, emu, emu_ref = kernel_numerics(variant, plan, shapes=shapes, device="cpu")
+    assert (ref.status, emu.status, emu_ref.status) == ("pass", "pass", "pass"), (ref.detail, emu.detail)
+    assert ref.detail.startswith("4 cases")  # 2 shapes x (the spec's window, a run-time one)
+    variant._module = _forward_stand_in(plan, drop_last_row=True)
+    ref, _, _ = kernel_numerics(variant, plan, shapes=shapes, device="cpu")
+    assert ref.failed and "NaN" in ref.detail

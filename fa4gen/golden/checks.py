@@ -205,9 +205,10 @@ def has_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> list[CheckResult]:
+def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES, device="cuda") -> list[CheckResult]:
     """The real kernel on a Hopper GPU against the exact reference (fp32 on the GPU) and against the
-    emulator (CPU), output poisoned with NaN before every call."""
+    emulator (CPU), output poisoned with NaN before every call. `device` is "cuda" except in tests of
+    this check's logic, which pass a CPU stand-in for the package."""
     start = time.perf_counter()
     arch = plan["arch"]
     pkg = variant.load()
@@ -216,12 +217,14 @@ def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -> list
     ref_w, emu_w, ev_w = Worst("kernel vs reference"), Worst("kernel vs emulator"), Worst("emulator vs reference")
     n = 0
     for case in cases(plan, shapes):
-        q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case), device="cuda")
-        out = torch.full((*q.shape[:-1], plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
-        _poison_allocator(packed.lse_shape(q, seq))
+        q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case), device=device)
+        out = torch.full((*q.shape[:-1], plan["head_dim_v"]), float("nan"), device=device, dtype=dtype)
+        if device == "cuda":
+            _poison_allocator(packed.lse_shape(q, seq))
         res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **seq, **case.kwargs())
         lse = res[1] if plan["write_lse"] else None
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
         exact, exact_lse = packed.reference(q, k, v, seq, **sem)
         low, _ = packed.reference(q, k, v, seq, upcast=False, **sem)
