@@ -231,52 +231,35 @@ class ForwardOp:
             packed.resolve(q.shape[0], k.shape[0])
         if self.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
-        elif packed is not None:
-            out, lse, _ = self._forward_packed(q, k, v, scale, window, chunk_size, out, packed)
         else:
-            out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out)
+            out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed)
         return (out, lse) if return_lse else out
 
-    def _forward(self, q, k, v, scale: float, window, chunk_size, out):
-        """Launch the forward on checked CUDA tensors: (out, lse or None, the (q, k, v) launched on)."""
+    def _forward(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed | None = None):
+        """Launch the forward on checked CUDA tensors — BSHD, or packed sequences when `packed` (checked
+        and resolved) is given: (out, lse or None, the (q, k, v) launched on)."""
         plan = self.plans[self.arch_for(q.device)]
-        b, s_q, h, _ = q.shape
+        seq_dim = 0 if packed is not None else 1
+        s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
         if out is None:
-            dtype = getattr(torch, plan["torch_dtype"])
-            out = torch.empty((b, s_q, h, plan["head_dim_v"]), dtype=dtype, device=q.device)
-        lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
-        args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, k.shape[1]))
-        if out.numel() == 0 or k.shape[1] == 0:
+            out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
+                              device=q.device)
+        lse_shape = (h, s_q) if packed is not None else (q.shape[0], h, s_q)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if plan["write_lse"] else None
+        # packed: the totals bound every sequence's lengths, so clamping windows / chunks to them keeps
+        # each sequence's mask
+        args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
+        if out.numel() == 0 or s_k == 0:
             out.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
             return out, lse, (q, k, v)
         q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
         tensors = [q, k, v, out] + ([lse] if lse is not None else [])
-        self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
-        return out, lse, (q, k, v)
-
-    def _forward_packed(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed):
-        """Launch the varlen forward on checked, resolved packed sequences: (out, lse or None, the
-        (q, k, v) launched on)."""
-        plan = self.plans[self.arch_for(q.device)]
-        total_q, h, _ = q.shape
-        if out is None:
-            out = torch.empty((total_q, h, plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
-                              device=q.device)
-        lse = torch.empty((h, total_q), dtype=torch.float32, device=q.device) if plan["write_lse"] else None
-        # totals bound every sequence's lengths: clamping windows / chunks to them keeps each sequence's mask
-        args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(total_q, k.shape[0]))
-        if out.numel() == 0 or k.shape[0] == 0:
-            out.zero_()
-            if lse is not None:
-                lse.fill_(-math.inf)
-            return out, lse, (q, k, v)
-        args.append(int(packed.seqused_k is not None))
-        q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
-        # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
-        tensors = [q[None], k[None], v[None], out[None]] + ([lse[None]] if lse is not None else [])
-        tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
+        if packed is not None:
+            # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
+            tensors = [t[None] for t in tensors] + [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
+            args.append(int(packed.seqused_k is not None))
         self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
         return out, lse, (q, k, v)
 
@@ -519,10 +502,7 @@ class AttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, op: ForwardOp, q, k, v, scale: float, window, chunk_size, packed: Packed | None):
-        if packed is not None:
-            out, lse, launched = op._forward_packed(q, k, v, scale, window, chunk_size, None, packed)
-        else:
-            out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None)
+        out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None, packed)
         ctx.save_for_backward(*launched, out, lse)
         ctx.op, ctx.scale, ctx.window, ctx.chunk_size, ctx.packed = op, scale, window, chunk_size, packed
         ctx.set_materialize_grads(False)  # an unused out or LSE gives None, not a zero tensor
