@@ -63,6 +63,16 @@ def sequence_bounds(cu_seqlens: cute.Tensor, seq: Int32, total: Int32):
 
 
 @cute.jit
+def sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, seqused_k: cute.Tensor, seq: Int32,
+             total_q: Int32, total_k: Int32, use_seqused: Int32):
+    """(offset_q, seqlen_q, offset_k, seqlen_k) of sequence `seq`: its rows in the packed q and k
+    tensors, clamped into them, the key count cut to seqused_k[seq] when `use_seqused` is set."""
+    offset_q, seqlen_q = sequence_bounds(cu_seqlens_q, seq, total_q)
+    offset_k, seqlen_k = sequence_bounds(cu_seqlens_k, seq, total_k)
+    return offset_q, seqlen_q, offset_k, used_length(seqused_k, seq, seqlen_k, use_seqused)
+
+
+@cute.jit
 def used_length(seqused: cute.Tensor, seq: Int32, length: Int32, use: Int32) -> Int32:
     """The key count of sequence `seq`: seqused[seq] when `use` is set (clamped to its cu_seqlens
     length), else the full length."""

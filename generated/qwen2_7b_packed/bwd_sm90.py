@@ -231,9 +231,9 @@ class FlashBwdSm90:
         )
         batch = cute.arch.make_warp_uniform(batch)
         n_block = cute.arch.make_warp_uniform(n_block)
-        offset_q, seqlen_q = varlen.sequence_bounds(mCuQ, batch, total_q)
-        offset_k, seqlen_k = varlen.sequence_bounds(mCuK, batch, total_k)
-        seqlen_k = varlen.used_length(mSeqUsedK, batch, seqlen_k, use_seqused)
+        offset_q, seqlen_q, offset_k, seqlen_k = varlen.sequence(
+            mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused
+        )
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mdO_s = varlen.sequence_rows(mdO, offset_q, seqlen_q, 0)[None, None, head]
         mdQacc_s = varlen.sequence_rows(mdQacc, offset_q, seqlen_q, 0)[None, None, head]

@@ -139,9 +139,9 @@ class FlashFwdSm90:
         sO = cute.make_tensor(cute.recast_ptr(sQ.iterator, sO_layout.inner, DTYPE), sO_layout.outer)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         # the tile's sequence and its rows in the packed tensors (bounded: TMA stops at its end)
-        offset_q, seqlen_q = varlen.sequence_bounds(mCuQ, batch, total_q)
-        offset_k, seqlen_k = varlen.sequence_bounds(mCuK, batch, total_k)
-        seqlen_k = varlen.used_length(mSeqUsedK, batch, seqlen_k, use_seqused)
+        offset_q, seqlen_q, offset_k, seqlen_k = varlen.sequence(
+            mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused
+        )
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mK_s = varlen.sequence_rows(mK, offset_k, seqlen_k, 0)[None, None, head_kv]
         mV_s = varlen.sequence_rows(mV, offset_k, seqlen_k, 1)[None, None, head_kv]
