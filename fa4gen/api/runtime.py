@@ -6,8 +6,8 @@ Conventions are flash_attn_func's: q (batch, seqlen_q, heads, head_dim), k/v (ba
 kv_heads, head_dim[_v]), GQA/MQA when kv_heads divides heads; the LSE is (batch, heads, seqlen_q)
 fp32 in natural log. Specs with varlen: true take flash_attn_varlen_func's packed form instead:
 q (total_q, heads, head_dim), k/v (total_k, kv_heads, ...), cu_seqlens_q/k, optional seqused_k and
-max_seqlen_q; the LSE is (heads, total_q). Every bad argument raises ValueError/TypeError naming the argument and what
-was expected, before anything is launched.
+max_seqlen_q/k; the LSE is (heads, total_q). Every bad argument raises ValueError/TypeError naming
+the argument and what was expected, before anything is launched.
 """
 
 from __future__ import annotations
@@ -337,8 +337,9 @@ class ForwardOp:
         new = torch.zeros_like if unused_keys else torch.empty_like
         dq = torch.empty_like(q, **contiguous)
         dk, dv = (new(t, **contiguous) for t in (k, v))
+        grads = dq, dk, dv  # returned as allocated (the packed launch takes batch-1 views of them)
         if packed is not None:
-            # one batch of extent 1 whose rows the sequence tensors cut up; the sequence is blockIdx.z
+            # one batch of extent 1 whose rows the sequence tensors cut up
             q, k, v, out, dout, lse, dlse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dlse, dq, dk, dv))
             b, s_q = 1, total_q
         f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
@@ -360,9 +361,7 @@ class ForwardOp:
             tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
             args.append(int(packed.seqused_k is not None))
         self._launch(self.backward_function(arch), q.device, tensors + args)
-        if packed is not None:
-            dq, dk, dv = dq[0], dk[0], dv[0]
-        return dq, dk, dv
+        return grads
 
     @staticmethod
     def _check_grad(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device):

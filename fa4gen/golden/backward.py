@@ -10,8 +10,8 @@
                           bitwise identical dq, dk, dv
 
 The cases are the forward's (checks.cases: the spec's own window / chunk and a small run-time one;
-packed sequences for a varlen variant, fa4gen.golden.packed) over BWD_CASE_SHAPES, a few of the forward's shapes: fewer, because each case also runs two
-reference backward passes. On the CPU a backward kernel gets the compile + SASS check
+packed sequences for a varlen variant, fa4gen.golden.packed) over BWD_CASE_SHAPES, a few of the
+forward's shapes: fewer, because each case also runs two reference backward passes. On the CPU a backward kernel gets the compile + SASS check
 (checks.compile_and_sass); there is no CPU emulator of the backward's algorithm.
 """
 

@@ -123,12 +123,6 @@ def _one_more_key(call: Call, i: int, plan) -> Call:
     return _swap(call, "v", torch.cat([v, more], dim=dim))
 
 
-def _kv_batch(call: Call, i: int, plan) -> Call:
-    """k/v with a batch more than q's; packed, whose rows no longer end where cu_seqlens_k does."""
-    k, v = torch.cat([call.k, call.k]), torch.cat([call.v, call.v])
-    return replace(call, k=k, v=v)
-
-
 def _bad_out(call: Call, i: int, plan) -> Call:
     q, dv = call.q, plan["head_dim_v"]
     shape = (*q.shape[:-1], dv)
@@ -157,7 +151,7 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
     **_tensor_mutations("k"),
     **_tensor_mutations("v"),
     "kv_heads": ("k", 2, _kv_heads),
-    "kv_batch": ("k", 1, _kv_batch),
+    "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
     "v_seqlen": ("v", 1, _one_more_key),
     "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=_heads_dim(c)))),
     "out": ("out", 5, _bad_out),

@@ -46,7 +46,7 @@ RUNTIME_WINDOW = (37, 5)
 RUNTIME_CHUNK = 64
 MMA_OPCODE = {"sm90": "hgmma", "sm100": "utchmma"}
 TMA_REDUCE_OPCODE = "utmaredg"  # cp.reduce.async.bulk.tensor: the backward's dQ (and GQA dK/dV) sums
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = packed.TORCH_DTYPES
 
 
 @dataclass(frozen=True)
