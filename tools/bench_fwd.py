@@ -59,6 +59,14 @@ def _sdpa_bshd(backend, causal: bool):
     return lambda q, k, v: backend(*(x.transpose(1, 2) for x in (q, k, v)), causal).transpose(1, 2)
 
 
+def _masks(text: str) -> list[str]:
+    masks = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in masks if m not in ("none", "causal")]
+    if bad or not masks:
+        raise SystemExit(f"--masks: expected a comma list of 'none' and 'causal', got {text!r}")
+    return masks
+
+
 def _bwd_spec(d: int, causal: bool, deterministic: bool) -> dict:
     name = f"bench_bwd{'_det' if deterministic else ''}_d{d}_{'causal' if causal else 'full'}"
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
@@ -119,6 +127,7 @@ def main():
     ap.add_argument("--ablation-dim", type=int, default=128, help="head dim of the --ablation run")
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
+    ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
     args = ap.parse_args()
     if args.ablation:
         return ablation(Path(args.out), args.ablation_dim)
@@ -132,7 +141,7 @@ def main():
     print(f"bf16 8192^3 matmul: {matmul} TFLOP/s")
     rows = []
     for d in map(int, args.dims.split(",")):
-        for causal in (False, True):
+        for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
             pkg = fa4gen.build(dict(name=f"bench_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
                                     dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"}))

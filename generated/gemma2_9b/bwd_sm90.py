@@ -326,6 +326,7 @@ class FlashBwdSm90:
             s_rc = frag.rows_cols(acc_S)
             dp_rc = frag.rows_cols(acc_dP)
             tScS_rc = frag.rows_cols(thr_sdp.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
             n_rows = cute.size(s_rc, mode=[0])
             n_cols = cute.size(s_rc, mode=[1])
             lse2 = cute.make_rmem_tensor((n_rows,), Float32)
@@ -388,7 +389,7 @@ class FlashBwdSm90:
                 softmax.apply_softcap(acc_S, softcap_pre)
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    window_left, window_right, Int32(1), **MASK,
+                    window_left, window_right, Int32(1), **MASK, coords0=tScS0_rc,
                 )
                 # the softcap gradient needs tanh' = 1 - t²: fold it into the fp32 P that dS uses, and
                 # round P for dV on the way, so t need not outlive P
@@ -542,7 +543,7 @@ class FlashBwdSm90:
                 softmax.apply_softcap(acc_S, softcap_pre)
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    window_left, window_right, Int32(1), **MASK,
+                    window_left, window_right, Int32(1), **MASK, coords0=tScS0_rc,
                 )
                 # the softcap gradient needs tanh' = 1 - t²: fold it into the fp32 P that dS uses, and
                 # round P for dV on the way, so t need not outlive P

@@ -325,6 +325,7 @@ class FlashBwdSm90:
             s_rc = frag.rows_cols(acc_S)
             dp_rc = frag.rows_cols(acc_dP)
             tScS_rc = frag.rows_cols(thr_sdp.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
             n_rows = cute.size(s_rc, mode=[0])
             n_cols = cute.size(s_rc, mode=[1])
             lse2 = cute.make_rmem_tensor((n_rows,), Float32)
@@ -386,7 +387,7 @@ class FlashBwdSm90:
                 # P = exp2(S * scale_log2 - LSE2), masked scores -> 0
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    Int32(-1), Int32(-1), Int32(1), **MASK,
+                    Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
                 )
                 for r in cutlass.range_constexpr(n_rows):
                     for c in cutlass.range_constexpr(n_cols):

@@ -184,6 +184,8 @@ class FlashFwdSm90:
             o_rc = frag.rows_cols(acc_O)
             tOrP_c, tOrP = frag.operand_buffer(acc_S, DTYPE)
             tScS_rc = frag.rows_cols(thr_qk.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            # thread 0's coordinates (compile-time): the mask compares against these
+            tScS0_rc = frag.rows_cols(tiled_mma_qk.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
             rows = softmax.RowState.create(cute.size(o_rc, mode=[0]))
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
@@ -205,7 +207,7 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(kv_state)
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    Int32(-1), Int32(-1), chunk, **MASK,
+                    Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
                 )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
@@ -236,7 +238,7 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(kv_state)
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    Int32(-1), Int32(-1), chunk, **MASK,
+                    Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
                 )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
@@ -300,7 +302,7 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(kv_state)
                 mask.apply_mask(
                     s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                    Int32(-1), Int32(-1), chunk, **MASK,
+                    Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
                 )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,

@@ -321,6 +321,7 @@ class FlashBwdSm90:
             s_rc = frag.rows_cols(acc_S)
             dp_rc = frag.rows_cols(acc_dP)
             tScS_rc = frag.rows_cols(thr_sdp.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
             n_rows = cute.size(s_rc, mode=[0])
             n_cols = cute.size(s_rc, mode=[1])
             lse2 = cute.make_rmem_tensor((n_rows,), Float32)
