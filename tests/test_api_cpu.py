@@ -125,6 +125,27 @@ def test_lock_plans_match_planner():
         assert _package(name)._forward.plans["sm90"] == lock["plans"][0]
 
 
+def test_forward_kernel_is_picked_by_seqlen_q():
+    """llama32_1b (d64 causal) holds a 128-row and a 192-row forward: the API runs the second from
+    LONG_SEQLEN_Q query rows on (the longest sequence when packed); `pinned` forces one (golden checks)."""
+    from fa4gen.plan.sm90 import LONG_SEQLEN_Q
+
+    op = _package("llama32_1b")._forward
+    pick = lambda s: op.forward_plan("sm90", s)["module"]  # noqa: E731
+    assert [pick(s) for s in (1, LONG_SEQLEN_Q - 1, LONG_SEQLEN_Q, 10**6)] == [
+        "fwd_sm90", "fwd_sm90", "fwd_sm90_long", "fwd_sm90_long"]
+    assert op.plans["sm90"]["tile_m"] == 128 and op.forward_plan("sm90", LONG_SEQLEN_Q)["tile_m"] == 192
+    with op.pinned("fwd_sm90_long"):
+        assert pick(1) == "fwd_sm90_long"
+    assert pick(1) == "fwd_sm90"
+    with pytest.raises(ValueError, match="no forward kernel 'bwd_sm90'"):
+        with op.pinned("bwd_sm90"):
+            pass
+    # one forward: every seqlen runs it
+    single = _package("llama3_8b")._forward
+    assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
+
+
 # --- fa4gen.build --------------------------------------------------------------------------------
 
 VALID = {
@@ -151,7 +172,9 @@ def test_build_dict_returns_module(cache_dir):
     pkg_dir = Path(mod.__file__).parent
     assert pkg_dir.parent == cache_dir / "packages"
     assert pkg_dir.name.startswith("fa4gen_pkg_api_probe_")
-    assert sorted(p.name for p in pkg_dir.iterdir() if p.is_file()) == ["__init__.py", "fwd_sm90.py", "spec.lock.json"]
+    # d64 with a mask: a 128-row forward and a 192-row one for long calls
+    assert sorted(p.name for p in pkg_dir.iterdir() if p.is_file()) == [
+        "__init__.py", "fwd_sm90.py", "fwd_sm90_long.py", "spec.lock.json"]
     lock = json.loads((pkg_dir / "spec.lock.json").read_text())
     assert lock["spec"]["mask"] == {"kind": "chunked", "chunk_size": 256}
     assert lock["plans"][0]["chunk_size"] == 256 and lock["plans"][0]["torch_dtype"] == "float16"

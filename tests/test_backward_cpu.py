@@ -185,8 +185,7 @@ class FakeKernels:
         monkeypatch.setattr(self.op, "_check_devices", lambda device, named: None)
         monkeypatch.setattr(self.op, "arch_for", lambda device: "sm90")
         monkeypatch.setattr(self.op, "_launch", lambda fn, device, args: fn(*args))
-        monkeypatch.setattr(self.op, "function", lambda arch: self.forward)
-        monkeypatch.setattr(self.op, "backward_function", lambda arch: self.backward)
+        monkeypatch.setattr(self.op, "function", lambda plan: self.backward if plan["direction"] == "bwd" else self.forward)
         return self
 
     def _semantics(self, args: list, *, backward: bool) -> dict:
@@ -394,8 +393,9 @@ def test_cpu_tensors_are_refused_before_anything_runs(build_pkg):
 ])
 def test_bad_dout_is_named(build_pkg, monkeypatch, bad, kind, message):
     pkg = build_pkg(**SPECS["local"])
-    FakeKernels(pkg._forward).install(monkeypatch)
-    monkeypatch.setattr(pkg._forward, "backward_function", lambda arch: pytest.fail("launched"))
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    monkeypatch.setattr(pkg._forward, "function",
+                        lambda plan: pytest.fail("launched") if plan["direction"] == "bwd" else fake.forward)
     q, k, v = (t.detach() for t in _inputs(pkg))
     out, lse = pkg.attention(q, k, v, return_lse=True)
     with pytest.raises(kind, match=message):

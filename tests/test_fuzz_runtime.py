@@ -51,7 +51,7 @@ def _package(name: str):
     """(the package, its sm90 forward plan): the plan attention() validates calls against."""
     if name not in _packages:
         variant = load_variant(ROOT / "generated" / name)
-        (fwd,) = [p for p in variant.plans if p["arch"] == "sm90" and p["direction"] == "fwd"]
+        fwd = next(p for p in variant.plans if p["arch"] == "sm90" and p["direction"] == "fwd" and not p.get("min_seqlen_q"))
         _packages[name] = (variant.load(), fwd)
     return _packages[name]
 
@@ -61,8 +61,8 @@ def tripwire(pkg):
     """Replace the package's compile-and-launch step with one that fails the test."""
     op: ForwardOp = pkg._forward
 
-    def launch(arch):
-        raise Launched(f"{op.name}: a bad call reached the kernel launch ({arch})")
+    def launch(plan):
+        raise Launched(f"{op.name}: a bad call reached the kernel launch ({plan['module']})")
 
     op.function = launch
     try:

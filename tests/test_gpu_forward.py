@@ -117,3 +117,30 @@ def test_forward_matches_reference(name):
                 # fp32 statistics from the same inputs: differences come from ex2/lg2.approx (~2^-22
                 # relative) and summation order, far below 1e-3.
                 assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
+
+
+def test_long_calls_run_the_192_row_kernel():
+    """llama32_1b (d64 causal, tile_m auto) holds two forwards: calls from LONG_SEQLEN_Q query rows on
+    run the 192-row one (fwd_sm90_long), shorter ones the 128-row one; both against the reference,
+    with seqlen_k on both sides of seqlen_q (bottom-right causal), GQA 4:1."""
+    from fa4gen.plan.sm90 import LONG_SEQLEN_Q
+
+    pkg = _package("llama32_1b")
+    op = pkg._forward
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for s_q, s_k, module in ((LONG_SEQLEN_Q, LONG_SEQLEN_Q, "fwd_sm90_long"), (LONG_SEQLEN_Q + 77, 2500, "fwd_sm90_long"),
+                             (LONG_SEQLEN_Q + 300, LONG_SEQLEN_Q - 5, "fwd_sm90_long"), (LONG_SEQLEN_Q - 1, 3000, "fwd_sm90")):
+        q = torch.randn(1, s_q, 8, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(1, s_k, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(1, s_k, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+        out = torch.full_like(q, float("nan"))
+        assert op.forward_plan("sm90", s_q)["module"] == module
+        pkg.attention(q, k, v, out=out)
+        torch.cuda.synchronize()
+        assert ("sm90", module) in op._functions
+        ref, _ = attention_ref(q, k, v, causal=True)
+        low, _ = attention_ref(q, k, v, causal=True, upcast=False)
+        err = (out.float() - ref).abs().max().item()
+        budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
+        assert not torch.isnan(out).any(), f"{module} s_q={s_q} s_k={s_k}: unwritten output"
+        assert err <= budget, f"{module} s_q={s_q} s_k={s_k}: max error {err:.3g} > budget {budget:.3g}"

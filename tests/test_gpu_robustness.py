@@ -245,8 +245,8 @@ def test_every_bad_call_names_its_argument_before_launch(name, shape, kind, vari
     call, arg = bad_call(plan, base, kind, variant)
     op = pkg._forward
 
-    def launch(arch):
-        raise Launched(f"{name}: {kind}/{variant} reached the kernel launch")
+    def launch(plan):
+        raise Launched(f"{name}: {kind}/{variant} reached the kernel launch ({plan['module']})")
 
     op.function = launch
     try:

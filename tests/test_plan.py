@@ -91,11 +91,18 @@ def _plan(d: dict) -> KernelPlan:
     return _fwd_plan(spec_from_dict(d))
 
 
-def _fwd_plan(spec) -> KernelPlan:
-    """The forward plan (a spec with backward: true also gets a bwd plan, checked further below)."""
+def _fwd_plans(spec) -> list[KernelPlan]:
+    """The forward plans: the default one, then any picked per call from some seqlen_q on (a spec with
+    backward: true also gets a bwd plan, checked further below)."""
     plans = plan_kernels(spec, "sm90")
-    assert [p.direction for p in plans] == ["fwd"] + (["bwd"] if spec.backward else [])
-    return plans[0]
+    fwd = [p for p in plans if p.direction == "fwd"]
+    assert [p.direction for p in plans] == ["fwd"] * len(fwd) + (["bwd"] if spec.backward else [])
+    assert [p.min_seqlen_q > 0 for p in fwd] == [False] + [True] * (len(fwd) - 1)
+    return fwd
+
+
+def _fwd_plan(spec) -> KernelPlan:
+    return _fwd_plans(spec)[0]
 
 
 def _all_plans():
@@ -126,33 +133,33 @@ def test_grid_is_mostly_plannable():
     """The grid must exercise real plans (guards against a grid that silently filters itself out)."""
     plannable = [d for d in GRID if _expected_smem(d) + 1024 <= SMEM_LIMIT_SM90]
     assert len(plannable) >= 0.8 * len(GRID)
-    assert len(SPEC_FILES) == 8
+    assert len(SPEC_FILES) == 9
 
 
 @pytest.mark.parametrize("spec", ALL)
 def test_resource_invariants(spec):
-    plan = _fwd_plan(spec)
-    # warp roles: one producer warpgroup + 64-row consumer warpgroups
-    assert plan.tile_m == 64 * plan.num_mma_warpgroups
-    assert plan.threads == 128 * (1 + plan.num_mma_warpgroups)
-    assert plan.tile_n % 16 == 0 and 16 <= plan.tile_n <= 256
-    assert plan.kv_stages >= 1
-    # shared memory: recompute from the plan's own tile numbers
-    smem = _budget(plan, "shared memory")
-    assert smem.limit == SMEM_LIMIT_SM90 and smem.unit == "bytes"
-    e = ELEM_BYTES[plan.dtype]
-    tiles = plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
-    assert tiles <= smem.used <= tiles + 1024, "smem budget must count the Q and K/V tiles (+ barriers)"
-    assert smem.used <= smem.limit
-    # register file: producer + consumer warpgroups under setmaxnreg
-    reg_file = 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer
-    assert reg_file <= REG_FILE_SM90
-    assert _budget(plan, "register file").used == reg_file
-    assert plan.regs_consumer % 8 == 0 and plan.regs_producer % 8 == 0  # setmaxnreg granularity
-    regs = _budget(plan, "consumer registers")
-    # fp32 O (dv/2) + fp32 S (tile_n/2) + 16-bit P (tile_n/4) per thread, at least
-    assert regs.used >= plan.head_dim_v // 2 + plan.tile_n // 2 + plan.tile_n // 4
-    assert regs.used <= regs.limit == plan.regs_consumer
+    for plan in _fwd_plans(spec):
+        # warp roles: one producer warpgroup + 64-row consumer warpgroups
+        assert plan.tile_m == 64 * plan.num_mma_warpgroups
+        assert plan.threads == 128 * (1 + plan.num_mma_warpgroups)
+        assert plan.tile_n % 16 == 0 and 16 <= plan.tile_n <= 256
+        assert plan.kv_stages >= 1
+        # shared memory: recompute from the plan's own tile numbers
+        smem = _budget(plan, "shared memory")
+        assert smem.limit == SMEM_LIMIT_SM90 and smem.unit == "bytes"
+        e = ELEM_BYTES[plan.dtype]
+        tiles = plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
+        assert tiles <= smem.used <= tiles + 1024, "smem budget must count the Q and K/V tiles (+ barriers)"
+        assert smem.used <= smem.limit
+        # register file: producer + consumer warpgroups under setmaxnreg
+        reg_file = 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer
+        assert reg_file <= REG_FILE_SM90
+        assert _budget(plan, "register file").used == reg_file
+        assert plan.regs_consumer % 8 == 0 and plan.regs_producer % 8 == 0  # setmaxnreg granularity
+        regs = _budget(plan, "consumer registers")
+        # fp32 O (dv/2) + fp32 S (tile_n/2) + 16-bit P (tile_n/4) per thread, at least
+        assert regs.used >= plan.head_dim_v // 2 + plan.tile_n // 2 + plan.tile_n // 4
+        assert regs.used <= regs.limit == plan.regs_consumer
 
 
 @pytest.mark.parametrize("spec", ALL)
@@ -367,6 +374,28 @@ def test_tile_m_two_or_three_warpgroups(head_dim, tile_m):
     assert 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer <= REG_FILE_SM90
 
 
+def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
+    """tile_m auto on a masked d <= 64 spec: the default 128-row forward plus a 192-row one the API runs
+    from LONG_SEQLEN_Q on; an explicit tile_m, a larger head dim or no mask keep one forward."""
+    from fa4gen.plan.sm90 import LONG_SEQLEN_Q
+
+    spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {}))
+    fwd = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
+    assert [(p.module, p.tile_m, p.min_seqlen_q) for p in fwd] == [
+        ("fwd_sm90", 128, 0), ("fwd_sm90_long", 192, LONG_SEQLEN_Q)]
+    assert fwd[1].num_mma_warpgroups == 3 and fwd[1].threads == 512
+    # the two differ in tiling only: same mask, softmax and interface
+    same = {f.name for f in dataclasses.fields(KernelPlan)} - {
+        "module", "tile_m", "num_mma_warpgroups", "threads", "regs_consumer", "budgets", "notes", "min_seqlen_q"}
+    assert all(getattr(fwd[0], f) == getattr(fwd[1], f) for f in same)
+    assert any("fwd_sm90_long" in n for n in fwd[0].notes) and any("dispatch" in n for n in fwd[1].notes)
+    for extra, head_dim in (({"tile_m": 128}, 64), ({"tile_m": 192}, 64), ({}, 128)):
+        spec = spec_from_dict(_spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, extra))
+        assert [p.module for p in plan_kernels(spec, "sm90") if p.direction == "fwd"] == ["fwd_sm90"]
+    spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}))
+    assert [(p.module, p.tile_m) for p in plan_kernels(spec, "sm90")] == [("fwd_sm90", 192)]
+
+
 def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
     """Three consumer warpgroups leave 160 registers a thread; d128 with 128-key tiles needs more."""
     err = _plan_error(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {"tile_m": 192}))
@@ -487,7 +516,7 @@ def test_backward_plan_fits_the_budgets(dims, deterministic):
     """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
     estimate stays within setmaxnreg; Sᵀ (P in registers) only when asked for (measured slower)."""
     spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
-    fwd, bwd = plan_kernels(spec, "sm90")
+    *_, fwd, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
     assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
     assert fwd.write_lse  # the backward needs the forward's LSE
     assert bwd.deterministic == deterministic

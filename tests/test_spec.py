@@ -54,7 +54,7 @@ def test_specs_dir_has_the_model_specs():
 
 
 # the shipped specs that also generate the SM90 backward (issue #4), and the deterministic one among them
-BACKWARD_SPECS = {"llama3_8b", "gemma2_9b", "vit_encoder", "qwen2_7b_packed"}
+BACKWARD_SPECS = {"llama3_8b", "llama32_1b", "gemma2_9b", "vit_encoder", "qwen2_7b_packed"}
 DETERMINISTIC_SPECS = {"vit_encoder"}
 
 

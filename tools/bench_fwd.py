@@ -17,6 +17,7 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py 
 
 import argparse
 import json
+import sys
 import math
 import time
 from pathlib import Path
@@ -128,6 +129,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
+    ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
+                    help="forward pipeline.tile_m of fa4gen's grid kernels (auto, 128 or 192)")
     args = ap.parse_args()
     if args.ablation:
         return ablation(Path(args.out), args.ablation_dim)
@@ -144,7 +147,8 @@ def main():
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
             pkg = fa4gen.build(dict(name=f"bench_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
-                                    dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"}))
+                                    dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
+                                    pipeline={"tile_m": args.tile_m}))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, x)
             torch.cuda.synchronize()
@@ -190,7 +194,7 @@ def main():
                 print(json.dumps(res), flush=True)
     stem = "bench_bwd" if args.bwd else "bench_fwd"
     (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "gpu": torch.cuda.get_device_name(),
-                                                      "rows": rows}, indent=1))
+                                                      "argv": sys.argv[1:], "rows": rows}, indent=1))
     head = "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |"
     if args.bwd:
         head += " bwd fa4gen | bwd FA4 | bwd cuDNN | bwd SDPA flash | bwd fa4gen/FA4 | bwd fa4gen/best |"

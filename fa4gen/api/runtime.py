@@ -12,6 +12,7 @@ the argument and what was expected, before anything is launched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -154,7 +155,12 @@ class ForwardOp:
         lock = json.loads((self.dir / "spec.lock.json").read_text())
         self.spec = lock["spec"]
         self.name = self.spec["name"]
-        self.plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "fwd"}
+        fwd = [p for p in lock["plans"] if p["direction"] == "fwd"]
+        self.plans = {p["arch"]: p for p in fwd if not p.get("min_seqlen_q")}
+        # per arch, the forwards picked by seqlen_q (plan min_seqlen_q), longest threshold first
+        self.long_plans = {a: sorted((p for p in fwd if p["arch"] == a and p.get("min_seqlen_q")),
+                                     key=lambda p: -p["min_seqlen_q"]) for a in self.plans}
+        self._pinned: str | None = None
         self.bwd_plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "bwd"}
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[tuple[str, str], Any] = {}
@@ -181,18 +187,36 @@ class ForwardOp:
             RuntimeError,
         )
 
-    def function(self, arch: str):
-        """The compiled forward for `arch` (compiled or loaded from the disk cache on first use)."""
-        fn = self._functions.get((arch, "fwd"))
-        return fn if fn is not None else self._compile(self.plans[arch])
+    def forward_plan(self, arch: str, seqlen_q: int) -> dict:
+        """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
+        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides."""
+        if self._pinned is not None:
+            return next(p for p in (self.plans[arch], *self.long_plans.get(arch, ())) if p["module"] == self._pinned)
+        for plan in self.long_plans.get(arch, ()):
+            if seqlen_q >= plan["min_seqlen_q"]:
+                return plan
+        return self.plans[arch]
 
-    def backward_function(self, arch: str):
-        """The compiled backward for `arch`: it launches the preprocess, main kernel and postprocess."""
-        fn = self._functions.get((arch, "bwd"))
-        return fn if fn is not None else self._compile(self.bwd_plans[arch])
+    @contextlib.contextmanager
+    def pinned(self, module: str):
+        """Within the block, every forward call runs kernel `module` whatever its seqlen_q (golden checks
+        run each kernel of a package on the same small cases)."""
+        if not any(p["module"] == module for ps in ([*self.plans.values()], *self.long_plans.values()) for p in ps):
+            raise ValueError(f"{self.name}: no forward kernel {module!r}")
+        self._pinned = module
+        try:
+            yield
+        finally:
+            self._pinned = None
+
+    def function(self, plan: dict):
+        """The compiled kernel of `plan` (compiled, or loaded from the disk cache, on first use); a
+        backward launches the preprocess, main kernel and postprocess."""
+        fn = self._functions.get((plan["arch"], plan["module"]))
+        return fn if fn is not None else self._compile(plan)
 
     def _compile(self, plan):
-        key = (plan["arch"], plan["direction"])
+        key = (plan["arch"], plan["module"])
         with self._lock:
             if key not in self._functions:
                 start = time.perf_counter()
@@ -238,9 +262,9 @@ class ForwardOp:
     def _forward(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed | None = None):
         """Launch the forward on checked CUDA tensors — BSHD, or packed sequences when `packed` (checked
         and resolved) is given: (out, lse or None, the (q, k, v) launched on)."""
-        plan = self.plans[self.arch_for(q.device)]
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
+        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q)
         if out is None:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)
@@ -260,7 +284,7 @@ class ForwardOp:
             # the kernels see one batch of extent 1 whose rows the sequence tensors cut up
             tensors = [t[None] for t in tensors] + [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
             args.append(int(packed.seqused_k is not None))
-        self._launch(self.function(self.arch_for(q.device)), q.device, tensors + args)
+        self._launch(self.function(plan), q.device, tensors + args)
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
@@ -360,7 +384,7 @@ class ForwardOp:
         if packed is not None:
             tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
             args.append(int(packed.seqused_k is not None))
-        self._launch(self.backward_function(arch), q.device, tensors + args)
+        self._launch(self.function(self.bwd_plans[arch]), q.device, tensors + args)
         return grads
 
     @staticmethod

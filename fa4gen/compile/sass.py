@@ -207,20 +207,24 @@ _BACK_BRANCH_RE = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
 _SASS_LINE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/")
 
 
-def mma_loops(sass_text: str, per_iteration: int, mma: str = "HGMMA") -> list[list[str]]:
-    """The instruction lines of every loop (a backward branch to a label above it) whose body issues
-    exactly `per_iteration` MMA instructions: a kernel's main loop over tiles (out-of-line wait loops
-    that branch back across it hold a different count), where a spill costs once per iteration."""
+def loops(sass_text: str) -> list[list[str]]:
+    """The instruction lines of every loop: a backward branch to a label above it (nested loops and
+    out-of-line wait loops that branch back across others included), in listing order."""
     lines = sass_text.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL_RE.match(line))}
-    loops = []
+    found = []
     for i, line in enumerate(lines):
         m = _BACK_BRANCH_RE.search(line)
         if m and labels.get(m.group(1), i) < i:
-            body = [b for b in lines[labels[m.group(1)]:i + 1] if _SASS_LINE_RE.match(b)]
-            if sum(mma in b for b in body) == per_iteration:
-                loops.append(body)
-    return loops
+            found.append([b for b in lines[labels[m.group(1)]:i + 1] if _SASS_LINE_RE.match(b)])
+    return found
+
+
+def mma_loops(sass_text: str, per_iteration: int, mma: str = "HGMMA") -> list[list[str]]:
+    """The loops whose body issues exactly `per_iteration` MMA instructions: a kernel's main loop over
+    tiles (out-of-line wait loops that branch back across it hold a different count), where a spill
+    costs once per iteration."""
+    return [body for body in loops(sass_text) if sum(mma in b for b in body) == per_iteration]
 
 
 def spills_in_mma_loops(sass_text: str, per_iteration: int, mma: str = "HGMMA") -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from fa4gen.emulate import emulate_forward
-from fa4gen.golden.checks import TORCH_DTYPES, _poison_allocator, case_seed, cases, make_inputs
+from fa4gen.golden.checks import TORCH_DTYPES, _poison_allocator, case_seed, cases, kernel_of, make_inputs
 from fa4gen.golden.tolerance import against_emulator, against_reference, reference_budget
 from fa4gen.golden.variants import is_package, load_variant, packages_under
 from fa4gen.reference import attention_ref, mask_semantics
@@ -30,7 +30,8 @@ def measure(variant, plan) -> list[str]:
         b, s_q, _, h, _ = case.shape
         out = torch.full((b, s_q, h, plan["head_dim_v"]), float("nan"), device="cuda", dtype=dtype)
         _poison_allocator((b, h, s_q))
-        res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **case.kwargs())
+        with kernel_of(pkg, plan):
+            res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **case.kwargs())
         torch.cuda.synchronize()
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
         exact, exact_lse = attention_ref(q, k, v, **sem)

@@ -19,6 +19,8 @@ packed batch of mixed-length sequences (fa4gen.golden.packed).
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import time
 import zlib
@@ -83,8 +85,12 @@ class Case:
 
 
 def check_name(plan: dict, check: str) -> str:
-    """A check's name in the table: as is for a forward kernel, after the direction otherwise."""
-    return check if plan["direction"] == "fwd" else f"{plan['direction']} {check}"
+    """A check's name in the table: as is for a forward kernel, after the direction otherwise, after
+    the dispatch rule for a kernel that runs only from some seqlen_q on (KernelPlan.min_seqlen_q)."""
+    words = [] if plan["direction"] == "fwd" else [plan["direction"]]
+    if plan.get("min_seqlen_q"):
+        words.append(f"seqlen_q>={plan['min_seqlen_q']}")
+    return " ".join([*words, check])
 
 
 def cases(plan: dict, shapes=CASE_SHAPES) -> Iterator[Case]:
@@ -132,10 +138,10 @@ def emulator_vs_reference(variant: Variant, plan: dict, *, shapes=CASE_SHAPES) -
     """The plan's algorithm, emulated on the CPU, against the exact (fp64) reference."""
     start = time.perf_counter()
     if plan["arch"] not in EMULATED_ARCHS:
-        return CheckResult(variant.name, plan["arch"], "emulator vs reference", "skip",
+        return CheckResult(variant.name, plan["arch"], check_name(plan, "emulator vs reference"), "skip",
                            f"no emulator for {plan['arch']} yet")
     algo = Algorithm.from_plan(plan)
-    worst = Worst("emulator vs reference")
+    worst = Worst(check_name(plan, "emulator vs reference"))
     n = 0
     for case in cases(plan, shapes):
         q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case))
@@ -205,6 +211,13 @@ def has_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
+def kernel_of(pkg, plan: dict):
+    """A context in which the package's forward calls run `plan`'s kernel whatever their seqlen_q (a
+    package may hold several forwards of one arch, picked per call: KernelPlan.min_seqlen_q)."""
+    op = getattr(pkg, "_forward", None)
+    return op.pinned(plan["module"]) if hasattr(op, "pinned") else contextlib.nullcontext()
+
+
 def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES, device="cuda") -> list[CheckResult]:
     """The real kernel on a Hopper GPU against the exact reference (fp32 on the GPU) and against the
     emulator (CPU), output poisoned with NaN before every call. `device` is "cuda" except in tests of
@@ -214,14 +227,16 @@ def kernel_numerics(variant: Variant, plan: dict, *, shapes=CASE_SHAPES, device=
     pkg = variant.load()
     algo = Algorithm.from_plan(plan)
     dtype = TORCH_DTYPES[plan["dtype"]]
-    ref_w, emu_w, ev_w = Worst("kernel vs reference"), Worst("kernel vs emulator"), Worst("emulator vs reference")
+    ref_w, emu_w, ev_w = (Worst(check_name(plan, c)) for c in ("kernel vs reference", "kernel vs emulator",
+                                                                  "emulator vs reference"))
     n = 0
     for case in cases(plan, shapes):
         q, k, v, seq = packed.case_inputs(plan, case.shape, seed=case_seed(variant, case), device=device)
         out = torch.full((*q.shape[:-1], plan["head_dim_v"]), float("nan"), device=device, dtype=dtype)
         if device == "cuda":
             _poison_allocator(packed.lse_shape(q, seq))
-        res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **seq, **case.kwargs())
+        with kernel_of(pkg, plan):
+            res = pkg.attention(q, k, v, out=out, return_lse=plan["write_lse"], **seq, **case.kwargs())
         lse = res[1] if plan["write_lse"] else None
         if device == "cuda":
             torch.cuda.synchronize()
@@ -254,5 +269,5 @@ def _poison_allocator(shape) -> None:
 
 __all__ = [
     "CASE_SHAPES", "Case", "CheckResult", "Worst", "case_seed", "cases", "check_name", "compile_and_sass",
-    "emulator_vs_reference", "has_hopper", "kernel_numerics", "make_inputs",
+    "emulator_vs_reference", "has_hopper", "kernel_numerics", "kernel_of", "make_inputs",
 ]

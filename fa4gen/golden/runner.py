@@ -50,7 +50,7 @@ def run_variant(variant: Variant, *, gpu: bool, progress: Callable[[str], None] 
         try:
             results.append(emulator_vs_reference(variant, plan))
         except Exception as err:  # noqa: BLE001
-            results.append(_crashed(variant, arch, "emulator vs reference", err))
+            results.append(_crashed(variant, arch, check_name(plan, "emulator vs reference"), err))
     for arch, why in sorted(variant.unavailable.items()):
         results.append(CheckResult(variant.name, arch, "-", "skip", f"not available yet: {why}"))
     return results

@@ -81,6 +81,9 @@ class KernelPlan:
     write_lse: bool
     allow_gqa: bool
     varlen: bool = False  # packed sequences: cu_seqlens_q/k (+ seqused_k), bounded TMA views per sequence
+    # dispatch: the API runs this kernel for calls whose seqlen_q (the longest sequence, packed) is at
+    # least this; 0 = the default kernel of its (arch, direction)
+    min_seqlen_q: int = 0
     # checked budgets
     budgets: tuple[Budget, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)

@@ -8,6 +8,8 @@ the consumer register budget under setmaxnreg.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
 from fa4gen.plan.common import check_threshold, identity_fields, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
@@ -44,6 +46,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     # (auto also keeps 128 rows when a hand-set tile_n would not fit three warpgroups' budget)
     small = (max(spec.head_dim, spec.head_dim_v) <= 64 and spec.mask.kind == "none"
              and regs <= REGS_CONSUMER[3])
+    long_kernel = _has_long_kernel(spec, regs)
     tile_m = (192 if small else 128) if p.tile_m == "auto" else p.tile_m
     if tile_m not in (128, 192):
         problems.append(problem(
@@ -105,6 +108,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         notes.append("intra_wg_overlap auto -> on (FA3's choice)")
     if p.tile_m == "auto":
         notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
+    if long_kernel:
+        notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
@@ -128,6 +133,30 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         budgets=budgets,
         notes=tuple(notes),
     )
+
+
+# A masked head dim <= 64 spec with tile_m auto gets two forward kernels, and the API picks one per call by
+# seqlen_q: 128 rows below LONG_SEQLEN_Q, 192 rows (three consumer warpgroups) from it on. H200, d64 causal,
+# grid shapes (docs/PERF.md, session 4): 192 rows +7% at 4k and +14% at 16k, but -9% at 1k (short causal
+# rows waste more of a 192-row diagonal tile, and there are fewer CTAs to balance).
+LONG_SEQLEN_Q = 2048
+
+
+def _has_long_kernel(spec: AttentionSpec, regs: int) -> bool:
+    return (spec.pipeline.tile_m == "auto" and max(spec.head_dim, spec.head_dim_v) <= 64
+            and spec.mask.kind != "none" and regs <= REGS_CONSUMER[3])
+
+
+def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
+    """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls), else None."""
+    p = spec.pipeline
+    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
+    if not _has_long_kernel(spec, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD):
+        return None
+    plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}))
+    note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
+            f"sequence when packed), fwd_sm90 (128 rows) below")
+    return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, notes=(*plan.notes, note))
 
 
 # Backward: one CTA per (key block, q head, batch); two consumer warpgroups of 64 query rows each split

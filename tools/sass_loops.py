@@ -1,0 +1,77 @@
+"""Per-loop SASS of a spec's kernels, compiled on the CPU (no GPU needed): for every loop of every
+kernel, its instruction count, MMAs (HGMMA / UTCHMMA...), MUFU.EX2 and spills. The quickest check that
+a template change kept a hot loop lean (e.g. a masked loop recomputing exponentials shows more
+MUFU.EX2 than the mask-free one).
+
+Run: `PYTHONPATH=. python tools/sass_loops.py specs/llama3_8b.yaml` (or a JSON spec dict in place of
+the path: '{"name": "x", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "mask": {"kind": "causal"}}').
+Loops are listed outermost-last as they appear in the listing; nested loops appear inside their
+parents' counts too.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+MMA_OPS = ("HGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA")
+
+
+def _spec(text: str):
+    from fa4gen.spec import load_spec, spec_from_dict
+
+    path = Path(text)
+    return load_spec(path) if path.exists() else spec_from_dict(json.loads(text))
+
+
+def loop_rows(sass_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int]]:
+    """(instructions, MMAs, MUFU.EX2, LDL/STL) per loop with at least `min_mma` MMA instructions."""
+    from fa4gen.compile.sass import loops
+
+    rows = []
+    for body in loops(sass_text):
+        mma = sum(any(op in b for op in MMA_OPS) for b in body)
+        if mma >= min_mma:
+            rows.append((len(body), mma, sum("MUFU.EX2" in b for b in body),
+                         sum(bool(re.search(r"\b(LDL|STL)\b", b)) for b in body)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec", help="a spec file, or a JSON spec dict")
+    ap.add_argument("--arch", action="append", help="only these targets (default: all of the spec's)")
+    ap.add_argument("--min-mma", type=int, default=1, help="list loops with at least this many MMAs (default 1)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("FA4GEN_QUIET", "1")
+    from fa4gen.builder import compile_package, plan_spec, write_package
+    from fa4gen.render import render_package
+
+    spec = _spec(args.spec)
+    plans, _ = plan_spec(spec, archs=args.arch)
+    with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:
+        os.environ["FA4GEN_CACHE_DIR"] = str(Path(tmp) / "cache")  # a fresh cache: every kernel compiled here
+        root = Path(tmp) / "sassloops_gen"
+        write_package(render_package(spec, plans, spec_label="sass_loops", unavailable={}), root)
+        sys.path.insert(0, tmp)
+        reports = compile_package(root / spec.name, f"sassloops_gen.{spec.name}", plans, keep_sass=True)
+        from fa4gen.compile.aot import SASS_FILE
+        from fa4gen.compile.cache import DiskCache
+
+        entries = {e.meta.get("name"): e for e in DiskCache(Path(tmp) / "cache").ls()}
+        for plan, report in zip(plans, reports):
+            entry = entries.get(f"{spec.name}.{plan.module}")
+            print(f"{spec.name} {plan.arch} {plan.module}: {report.status} {report.detail}".rstrip()
+                  + (f", {report.meta['registers']} registers" if report.meta.get("registers") else ""))
+            if entry is None:
+                continue
+            for n, mma, ex2, spill in loop_rows(entry.file(SASS_FILE).read_text(), args.min_mma):
+                print(f"    loop: {n:5d} instructions  {mma:3d} MMA  {ex2:3d} MUFU.EX2  {spill:2d} LDL/STL")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
