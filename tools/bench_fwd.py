@@ -68,10 +68,11 @@ def _masks(text: str) -> list[str]:
     return masks
 
 
-def _bwd_spec(d: int, causal: bool, deterministic: bool) -> dict:
-    name = f"bench_bwd{'_det' if deterministic else ''}_d{d}_{'causal' if causal else 'full'}"
+def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False) -> dict:
+    name = f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}_d{d}_{'causal' if causal else 'full'}"
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
-                backward=True, deterministic=deterministic, allow_gqa=False)
+                backward=True, deterministic=deterministic, allow_gqa=False,
+                pipeline={"bwd_swap_ab": True} if swap_ab else {})
 
 
 def _warm_backward(pkg, d: int) -> float:
@@ -129,6 +130,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
+    ap.add_argument("--bwd-swap-ab", action="store_true",
+                    help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
                     help="forward pipeline.tile_m of fa4gen's grid kernels (auto, 128 or 192)")
     args = ap.parse_args()
@@ -154,9 +157,9 @@ def main():
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
             if args.bwd:
-                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False))
+                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab))
                 bwd_first_call_s = _warm_backward(bwd_pkg, d)
-                det_pkg = fa4gen.build(_bwd_spec(d, causal, True)) if args.deterministic else None
+                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab)) if args.deterministic else None
                 det_first_call_s = _warm_backward(det_pkg, d) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d
