@@ -33,6 +33,12 @@ SPECS = {
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
     "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
                                                deterministic=True, allow_gqa=False),
+    # the opt-in Sᵀ layout (pipeline.bwd_swap_ab, d <= 128): Pᵀ/dSᵀ from registers, per-query statistics by shuffle
+    "gb_bf16_d128_causal_gqa_swap": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"},
+                                         pipeline={"bwd_swap_ab": True}),
+    "gb_fp16_d64_window_softcap_det_swap": dict(dtype="fp16", head_dim=64, softcap=20.0, deterministic=True,
+                                                mask={"kind": "sliding_window", "left": 100, "right": 20},
+                                                pipeline={"bwd_swap_ab": True}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
