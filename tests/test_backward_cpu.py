@@ -424,3 +424,85 @@ def test_double_backward_is_refused(build_pkg, monkeypatch):
     (dq,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
         dq.float().sum().backward()
+
+
+# --- repeated calls: the signature cache (ForwardOp._replay) -------------------------------------
+
+
+def _counting(fake: "FakeKernels", monkeypatch):
+    """Count the full checks (validate) and the kernel launches of the package."""
+    op, counts = fake.op, {"validate": 0, "launch": 0}
+    validate = op.validate
+
+    def counted_validate(*a, **kw):
+        counts["validate"] += 1
+        return validate(*a, **kw)
+
+    def counted_launch(fn, device, args):
+        counts["launch"] += 1
+        fn(*args)
+
+    monkeypatch.setattr(op, "validate", counted_validate)
+    monkeypatch.setattr(op, "_launch", counted_launch)
+    return counts
+
+
+def test_a_repeated_call_skips_the_checks_and_gives_the_same_result(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["local"])
+    counts = _counting(FakeKernels(pkg._forward).install(monkeypatch), monkeypatch)
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    first, first_lse = pkg.attention(q, k, v, return_lse=True)
+    again, again_lse = pkg.attention(q.clone(), k.clone(), v.clone(), return_lse=True)
+    assert counts == {"validate": 1, "launch": 2}
+    assert torch.equal(first, again) and torch.equal(first_lse, again_lse) and again is not first
+    # what the key holds changes: the full checks again (a window is the kernel's run-time argument)
+    windowed = pkg.attention(q, k, v, window=(3, 1))
+    assert counts == {"validate": 2, "launch": 3}
+    sem = dict(window=(3, 1), softcap=5.0)
+    torch.testing.assert_close(windowed, attention_ref(q, k, v, **sem)[0].to(q.dtype))
+    pkg.attention(q, k, v, window=[3, 1])  # a list gets its own key (checked once), not the tuple's
+    pkg.attention(q, k, v, window=[3, 1])
+    assert counts == {"validate": 3, "launch": 5} and len(pkg._forward._calls) == 3
+
+
+def test_a_cached_signature_does_not_let_bad_values_through(build_pkg, monkeypatch):
+    """True == 1 and hash(True) == hash(1): keys keep the argument types, so a refused value never
+    reaches a launch through an accepted one's key; other shapes, dtypes and devices miss the cache."""
+    pkg = build_pkg(**SPECS["chunked"])
+    counts = _counting(FakeKernels(pkg._forward).install(monkeypatch), monkeypatch)
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    pkg.attention(q, k, v, chunk_size=1)
+    pkg.attention(q, k, v, chunk_size=1)
+    assert counts == {"validate": 1, "launch": 2}
+    with pytest.raises(ValueError, match="^chunk_size: expected an int"):
+        pkg.attention(q, k, v, chunk_size=True)
+    with pytest.raises(TypeError, match="^q: expected dtype"):
+        pkg.attention(q.float(), k, v, chunk_size=1)
+    with pytest.raises(ValueError, match="^k: "):
+        pkg.attention(q, k[:, :, :, :16], v, chunk_size=1)
+    assert counts["launch"] == 2
+
+
+def test_calls_that_need_more_than_a_launch_take_the_full_path(build_pkg, monkeypatch):
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    counts = _counting(FakeKernels(op).install(monkeypatch), monkeypatch)
+    q, k, v = _inputs(pkg)
+    out = pkg.attention(q, k, v)  # requires grad: autograd, never the cache
+    out.sum().backward()
+    pkg.attention(q, k, v)
+    assert counts["validate"] == 2 and not op._calls
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    pkg.attention(qd, kd, vd)
+    assert counts["validate"] == 3 and len(op._calls) == 1
+    # a base address off 16 bytes: the slow path copies it (and the cache is not used for it)
+    buf = torch.empty(qd.numel() + 1, dtype=qd.dtype)
+    shifted = buf[1:].view(qd.shape).copy_(qd)
+    assert shifted.stride() == qd.stride() and shifted.data_ptr() % 16
+    torch.testing.assert_close(pkg.attention(shifted, kd, vd), pkg.attention(qd, kd, vd))
+    assert counts["validate"] == 4
+    # out= and pinned kernels: the full path every time
+    pkg.attention(qd, kd, vd, out=torch.empty_like(qd))
+    with op.pinned(op.plans["sm90"]["module"]):
+        pkg.attention(qd, kd, vd)
+    assert counts["validate"] == 6
