@@ -30,6 +30,8 @@ VARIANTS = {
     "vl_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128,
                                              mask={"kind": "chunked", "chunk_size": 96}, softcap=20.0),
     "vl_bf16_d256_causal": dict(dtype="bf16", head_dim=256, mask={"kind": "causal"}),
+    # the 192-row kernel with a mask (what a masked d64 spec's long calls run), on every packing
+    "vl_bf16_d64_causal_m192": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, pipeline={"tile_m": 192}),
 }
 # (query lengths, key lengths, keys used or None): empty sequences on either side, single rows,
 # lengths off the tile grid, one long sequence among short ones
