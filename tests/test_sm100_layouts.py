@@ -78,6 +78,12 @@ def _check_tile(tile_n: int):
         for r in rows:
             owners.setdefault(r, []).append((t, cols))
     assert sorted(owners) == list(range(128))
+    # every thread's columns are thread 0's shifted by one amount: the premise of mask.apply_mask's
+    # coords0 (compile-time columns of thread 0 + a per-thread shift), shared with SM90
+    cols0 = owners[0][0][1]
+    for held in owners.values():
+        for _, cols in held:
+            assert [c - cols[0] for c in cols] == [c - cols0[0] for c in cols0]
     for r, held in owners.items():
         lanes = [t for t, _ in held]
         assert len(lanes) == 4 and lanes[0] % 4 == 0 and lanes == list(range(lanes[0], lanes[0] + 4)), r

@@ -69,8 +69,11 @@ def apply_mask(
     columns are thread 0's shifted by one amount). Its columns are compile-time constants, so each
     row's limits absorb this thread's shift once and every element costs one compare against an
     immediate (two with a window's or chunk's lower bound); without it, each element's column is a
-    run-time value (the SM90 masked loop measured 866 instructions against 514 unmasked that way,
-    ptxas recomputing exponentials for the registers the columns held).
+    run-time value (the SM90 causal diagonal loop measured 866 instructions against 514 unmasked that
+    way, ptxas recomputing exponentials for the registers the columns held; 643 with coords0). The
+    SM100 forward calls it without: there, coords0 made the chunked d128 softmax loop spill and
+    recompute exponentials (CPU SASS, session 4), although its score fragment has the property
+    (tests/test_sm100_layouts.py).
     """
     shift = Int32(0)
     if cutlass.const_expr(coords0 is None):
