@@ -62,6 +62,11 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int, packed
         _fail(f"{name}: the last dim must be contiguous (stride 1), got strides {tuple(t.stride())}; call .contiguous()")
 
 
+def needs_grad(q, k, v) -> bool:
+    """Whether this call records autograd: grad mode on and q, k or v requiring grad."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 CALL_CACHE_SIZE = 256  # signatures kept per package (cleared when full)
 
 
@@ -189,6 +194,7 @@ class ForwardOp:
         # per arch, the forwards picked by seqlen_q (plan min_seqlen_q), longest threshold first
         self.long_plans = {a: sorted((p for p in fwd if p["arch"] == a and p.get("min_seqlen_q")),
                                      key=lambda p: -p["min_seqlen_q"]) for a in self.plans}
+        self._fwd_modules = {p["module"]: p for p in fwd}
         self._pinned: str | None = None
         # call_key -> what a launch of that signature needs (see _replay): calls repeat their shapes
         self._calls: dict[tuple, tuple] = {}
@@ -222,7 +228,7 @@ class ForwardOp:
         """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
         whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides."""
         if self._pinned is not None:
-            return next(p for p in (self.plans[arch], *self.long_plans.get(arch, ())) if p["module"] == self._pinned)
+            return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
             if seqlen_q >= plan["min_seqlen_q"]:
                 return plan
@@ -232,7 +238,7 @@ class ForwardOp:
     def pinned(self, module: str):
         """Within the block, every forward call runs kernel `module` whatever its seqlen_q (golden checks
         run each kernel of a package on the same small cases)."""
-        if not any(p["module"] == module for ps in ([*self.plans.values()], *self.long_plans.values()) for p in ps):
+        if module not in self._fwd_modules:
             raise ValueError(f"{self.name}: no forward kernel {module!r}")
         self._pinned = module
         try:
@@ -279,7 +285,7 @@ class ForwardOp:
                 and seqused_k is None and max_seqlen_k is None and self._pinned is None):
             key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse)
             hit = self._calls.get(key) if key is not None else None
-            if hit is not None and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            if hit is not None and not needs_grad(q, k, v):
                 res = self._replay(hit, q, k, v)
                 if res is not None:
                     return res if return_lse else res[0]
@@ -293,7 +299,7 @@ class ForwardOp:
         scale = self._scale(softmax_scale, plan)
         if packed is not None:
             packed.resolve(q.shape[0], k.shape[0])
-        if self.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if self.bwd_plans and needs_grad(q, k, v):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
         else:
             out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key)
@@ -358,7 +364,7 @@ class ForwardOp:
         check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
         check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
         check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"], packed=packed_spec)
-        grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        grad = needs_grad(q, k, v)
         if grad and not self.bwd_plans:
             name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad)
             _fail(

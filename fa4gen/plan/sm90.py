@@ -32,21 +32,29 @@ def _auto_tile_n(head_dim: int) -> int:
     return 80
 
 
+def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
+    """(tile_n, the consumer registers per thread the forward needs: O + S + P fragments + overhead)."""
+    tile_n = _auto_tile_n(spec.head_dim) if spec.pipeline.tile_n == "auto" else spec.pipeline.tile_n
+    return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
+
+
+def _three_warpgroups_fit(spec: AttentionSpec, regs: int) -> bool:
+    return max(spec.head_dim, spec.head_dim_v) <= 64 and regs <= REGS_CONSUMER[3]
+
+
 def plan_forward(spec: AttentionSpec) -> KernelPlan:
     problems = []
     p = spec.pipeline
     # auto: three consumer warpgroups (tile_m 192) for head dims <= 64 without a mask, two (128)
     # otherwise. For d64 the H200 measured 192 at +14-16% over 128 without a mask (two runs,
-    # docs/perf/2026-11-29_ablation_d64*.json); with a causal mask it wins at long seqlens (+10% at
-    # 16k) but loses at short ones (-16% at 1k: fewer CTAs), so masked specs keep 128 (opt in with
-    # tile_m: 192). Above d64 the 160-register budget of three warpgroups does not hold the O and S
-    # fragments (the planner refuses it with the numbers).
-    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
-    regs = spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
+    # docs/perf/2026-11-29_ablation_d64*.json); with a mask it wins at long seqlens but loses at short
+    # ones, so masked specs run 128 rows and get a second, 192-row kernel for long calls
+    # (plan_forward_long). Above d64 the 160-register budget of three warpgroups does not hold the O
+    # and S fragments (the planner refuses it with the numbers).
+    tile_n, regs = _tile_n_and_regs(spec)
     # (auto also keeps 128 rows when a hand-set tile_n would not fit three warpgroups' budget)
-    small = (max(spec.head_dim, spec.head_dim_v) <= 64 and spec.mask.kind == "none"
-             and regs <= REGS_CONSUMER[3])
-    long_kernel = _has_long_kernel(spec, regs)
+    small = _three_warpgroups_fit(spec, regs) and spec.mask.kind == "none"
+    long_kernel = _has_long_kernel(spec)
     tile_m = (192 if small else 128) if p.tile_m == "auto" else p.tile_m
     if tile_m not in (128, 192):
         problems.append(problem(
@@ -142,17 +150,16 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
 LONG_SEQLEN_Q = 2048
 
 
-def _has_long_kernel(spec: AttentionSpec, regs: int) -> bool:
-    return (spec.pipeline.tile_m == "auto" and max(spec.head_dim, spec.head_dim_v) <= 64
-            and spec.mask.kind != "none" and regs <= REGS_CONSUMER[3])
+def _has_long_kernel(spec: AttentionSpec) -> bool:
+    return (spec.pipeline.tile_m == "auto" and spec.mask.kind != "none"
+            and _three_warpgroups_fit(spec, _tile_n_and_regs(spec)[1]))
 
 
 def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls), else None."""
-    p = spec.pipeline
-    tile_n = _auto_tile_n(spec.head_dim) if p.tile_n == "auto" else p.tile_n
-    if not _has_long_kernel(spec, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD):
+    if not _has_long_kernel(spec):
         return None
+    p = spec.pipeline
     plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}))
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
             f"sequence when packed), fwd_sm90 (128 rows) below")
