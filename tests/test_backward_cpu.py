@@ -501,8 +501,30 @@ def test_calls_that_need_more_than_a_launch_take_the_full_path(build_pkg, monkey
     assert shifted.stride() == qd.stride() and shifted.data_ptr() % 16
     torch.testing.assert_close(pkg.attention(shifted, kd, vd), pkg.attention(qd, kd, vd))
     assert counts["validate"] == 4
-    # out= and pinned kernels: the full path every time
-    pkg.attention(qd, kd, vd, out=torch.empty_like(qd))
+    # pinned kernels: the full path every time
     with op.pinned(op.plans["sm90"]["module"]):
         pkg.attention(qd, kd, vd)
+        pkg.attention(qd, kd, vd)
     assert counts["validate"] == 6
+
+
+def test_out_is_part_of_the_signature(build_pkg, monkeypatch):
+    """out= calls are replayed too: the key holds out's shape, strides, dtype and device, the replay
+    writes into the given buffer, and a misaligned or wrong out still gets the full checks' error."""
+    pkg = build_pkg(**SPECS["causal"])
+    counts = _counting(FakeKernels(pkg._forward).install(monkeypatch), monkeypatch)
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    want = pkg.attention(q, k, v)
+    for _ in range(2):
+        out = torch.full_like(want, float("nan"))
+        assert pkg.attention(q, k, v, out=out) is out and torch.equal(out, want)
+    assert counts == {"validate": 2, "launch": 3}
+    buf = torch.empty(want.numel() + 1, dtype=want.dtype)
+    shifted = buf[1:].view(want.shape)
+    with pytest.raises(ValueError, match="^out: expected a 16-byte aligned"):
+        pkg.attention(q, k, v, out=shifted)
+    with pytest.raises(ValueError, match="^out: expected shape"):
+        pkg.attention(q, k, v, out=want[:, :1])
+    with pytest.raises(TypeError, match="^out: expected a torch.Tensor"):
+        pkg.attention(q, k, v, out=want.tolist())
+    assert counts["launch"] == 3

@@ -79,12 +79,19 @@ def _typed(x):
     return (type(x), x)
 
 
-def call_key(q, k, v, softmax_scale, window, chunk_size, return_lse) -> tuple | None:
+def call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out=None) -> tuple | None:
     """Everything the checks of a batched call depend on, other than base addresses and autograd state:
-    the tensors' shapes, strides, dtypes and devices and the keyword values, typed. None for inputs
-    that are not plain tensors (subclasses, other objects: the full checks handle them)."""
+    the tensors' shapes, strides, dtypes and devices (out's too, when given) and the keyword values,
+    typed. None for inputs that are not plain tensors (subclasses, other objects: the full checks
+    handle them)."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
+    if out is not None:
+        if type(out) is not torch.Tensor:
+            return None
+        given = ("out", out.shape, out.stride(), out.dtype, out.device)
+    else:
+        given = ()
     if softmax_scale is None and window is None and chunk_size is None and type(return_lse) is bool:
         extra = (return_lse,)  # the common call, cheaper to key (never equal to the typed form below)
     else:
@@ -93,7 +100,7 @@ def call_key(q, k, v, softmax_scale, window, chunk_size, return_lse) -> tuple | 
         except TypeError:
             return None
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
-            v.shape, v.stride(), v.dtype, v.device) + extra
+            v.shape, v.stride(), v.dtype, v.device) + extra + given
 
 
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -281,12 +288,12 @@ class ForwardOp:
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
         key = None
-        if (out is None and cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+        if (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
                 and seqused_k is None and max_seqlen_k is None and self._pinned is None):
-            key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse)
+            key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
             hit = self._calls.get(key) if key is not None else None
             if hit is not None and not needs_grad(q, k, v):
-                res = self._replay(hit, q, k, v)
+                res = self._replay(hit, q, k, v, out)
                 if res is not None:
                     return res if return_lse else res[0]
         plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
@@ -305,14 +312,16 @@ class ForwardOp:
             out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key)
         return (out, lse) if return_lse else out
 
-    def _replay(self, hit: tuple, q, k, v):
+    def _replay(self, hit: tuple, q, k, v, out=None):
         """A call whose signature (call_key) passed every check before: allocate and launch, nothing else.
-        None when an input's base address is not 16-byte aligned (the slow path copies it)."""
+        None when a tensor's base address is not 16-byte aligned (the slow path copies an input and
+        names a misaligned out)."""
         fn, args, out_shape, dtype, lse_shape = hit
-        if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or (out is not None and out.data_ptr() % 16):
             return None
         device = q.device
-        out = torch.empty(out_shape, dtype=dtype, device=device)
+        if out is None:
+            out = torch.empty(out_shape, dtype=dtype, device=device)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if lse_shape is not None else None
         self._launch(fn, device, [q, k, v, out] + ([lse] if lse is not None else []) + args)
         return out, lse
