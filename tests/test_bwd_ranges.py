@@ -86,3 +86,23 @@ def test_m_mask_phases_leave_out_only_fully_visible_blocks(mask):
                 for mb in range(m_lo, m_hi):
                     block = vis[mb * tile_m:(mb + 1) * tile_m, nb * tile_n:(nb + 1) * tile_n]
                     assert bool(block.all()), (seqlen_q, seqlen_k, tile_m, tile_n, nb, mb)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: f"c{int(m['causal'])}w{m['window']}k{m['chunk'] if m['chunked'] else 0}")
+def test_transposed_mask_limits_do_not_wrap(mask):
+    """mask.apply_mask_by_key turns each key's [lo, hi) into tile-local query offsets in Int32
+    (mask.relative_bounds). Open sides are +-2**31 sentinels, so the offsets must be clamped before
+    subtracting: unclamped, causal with seqlen_q > seqlen_k wrapped and masked every query (found on
+    the H200: dq off by 1.9 at seqlen_q 1000, seqlen_k 255). Same test as the key-space one, per offset."""
+    kw = dict(causal=mask["causal"], local=mask["local"], chunked=mask["chunked"])
+    left, right = mask["window"]
+    for seqlen_q, seqlen_k in ((1000, 255), (255, 1000), (64, 64), (3, 2**20), (2**20, 3)):
+        chunk = min(mask["chunk"], seqlen_k)
+        pos_shift = seqlen_k - seqlen_q
+        for row_offset in sorted({0, 64, (seqlen_q // 64) * 64, max(seqlen_q - 64, 0)}):
+            base = pos_shift + row_offset
+            for key in sorted({0, 1, seqlen_k // 2, seqlen_k - 1, seqlen_k}):
+                klo, khi = tiling.key_bounds(key, seqlen_k, left, right, chunk, **kw)
+                lo, hi = tiling.relative_bounds(klo, khi, base)
+                for q in range(64):
+                    assert (lo <= q < hi) == (klo <= base + q < khi), (seqlen_q, seqlen_k, row_offset, key, q)

@@ -55,6 +55,7 @@ def test_second_process_loads_from_disk_cache(tmp_path):
         "p.attention(q, q, q); torch.cuda.synchronize()\n"
     )
     env = dict(os.environ, FA4GEN_CACHE_DIR=str(tmp_path))
+    env.pop("FA4GEN_QUIET", None)  # the log lines are what this test reads
     runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
             for _ in range(2)]
     for r in runs:

@@ -134,7 +134,14 @@ def main():
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
                     help="forward pipeline.tile_m of fa4gen's grid kernels (auto, 128 or 192)")
+    ap.add_argument("--bwd-stages", default=None,
+                    help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
+                         "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
     args = ap.parse_args()
+    if args.bwd_stages:
+        from fa4gen.plan import sm90
+
+        sm90.BWD_STAGE_ORDER = (tuple(int(x) for x in args.bwd_stages.split(",")),) + sm90.BWD_STAGE_ORDER
     if args.ablation:
         return ablation(Path(args.out), args.ablation_dim)
     out_dir = Path(args.out)

@@ -238,6 +238,19 @@ def key_bounds(
     return lo, hi
 
 
+TILE_SPAN = 2**16  # more than any tile-local query index a thread holds
+
+
+@cute.jit
+def relative_bounds(lo: Int32, hi: Int32, base: Int32):
+    """[lo, hi) in key-space positions as offsets from position `base`, both clamped to [-1, TILE_SPAN]:
+    the same test for every offset in [0, TILE_SPAN), without Int32 wrap-around for open bounds
+    (base + TILE_SPAN stays in range: positions are below seqlen_k, and a tensor of 2**31 - 2**16 rows
+    does not fit on a GPU)."""
+    first, last = base - 1, base + TILE_SPAN
+    return cutlass.min(cutlass.max(lo, first), last) - base, cutlass.min(cutlass.max(hi, first), last) - base
+
+
 @cute.jit
 def apply_mask_by_key(
     s: cute.Tensor,
@@ -264,14 +277,17 @@ def apply_mask_by_key(
         coords0 = coords
     else:
         shift = coords[0, 0][0] - coords0[0, 0][0]
+    # key-space position of thread 0's query index 0, shifted by this thread's offset
+    base = pos_shift + row_offset + shift
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         lo, hi = key_bounds(
             coords[r, 0][1] + col_offset, seqlen_k, window_left, window_right, chunk,
             causal=causal, local=local, chunked=chunked,
         )
-        # in tile-local query indices of thread 0 (the bounds are key-space positions)
-        lo = lo - pos_shift - row_offset - shift
-        hi = hi - pos_shift - row_offset - shift
+        # in tile-local query indices of thread 0 (the bounds are key-space positions), clamped to the
+        # tile first: an open side (+-2**31 sentinels) minus a negative / positive base would wrap Int32
+        # (causal with seqlen_q > seqlen_k masked every query)
+        lo, hi = relative_bounds(lo, hi, base)
         for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
             q = coords0[0, c][0]
             s[r, c] = -Float32.inf if q >= hi or q < lo else s[r, c]

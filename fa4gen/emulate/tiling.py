@@ -93,6 +93,15 @@ def key_bounds(key, seqlen_k, window_left, window_right, chunk, *, causal, local
     return lo, hi
 
 
+TILE_SPAN = 2**16
+
+
+def relative_bounds(lo, hi, base):
+    """mask.relative_bounds in Int32 arithmetic: [lo, hi) as offsets from `base`, clamped."""
+    first, last = i32(base - 1), i32(base + TILE_SPAN)
+    return i32(min(max(lo, first), last) - base), i32(min(max(hi, first), last) - base)
+
+
 def m_mask_phases(n_block, m_min, m_max, tile_n, tile_m, seqlen_q, seqlen_k, window_left, window_right, chunk, *,
                   causal, local, chunked):
     """(m_lo, m_hi): [m_min, m_lo) and [m_hi, m_max) masked, [m_lo, m_hi) mask-free (the backward's runs)."""

@@ -171,6 +171,12 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
 REGS_BWD_OVERHEAD = 16
 
 
+# (Q stages, dO stages, P/dS stages, dQ buffers) of the backward, most preferred first: the first that
+# fits the shared memory (and leaves GQA's dK/dV room in the dQ buffers) is taken
+BWD_STAGE_ORDER = ((2, 2, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1), (2, 1, 2, 2), (2, 1, 2, 1), (2, 2, 1, 1), (2, 1, 1, 1),
+                   (1, 1, 2, 2), (1, 1, 1, 2), (1, 1, 1, 1))
+
+
 def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stages: int, do_stages: int,
               pds_stages: int, dq_buffers: int) -> int:
     d, dv, elem = spec.head_dim, spec.head_dim_v, 2
@@ -210,7 +216,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # rows), which halves the per-step overheads and the smem traffic per flop (FA3 does the same)
     tile_m = 128 if max(d, dv) <= 64 and spec.pipeline.bwd_swap_ab is not True else 64
     # Sᵀ with P/dS in registers is opt-in: on the H200 it measured slower than S with P and dS through
-    # shared memory (d64 0.61-0.83x vs 0.76-1.03x flash-attn-4, d128 0.81-1.24x vs 0.88-1.18x; docs/PERF.md)
+    # shared memory (session 5, s2k/s8k: d64 0.75-0.79x vs 0.85-0.86x flash-attn-4, d128 0.82-0.85x vs
+    # 0.82-0.89x; docs/PERF.md)
     swap = spec.pipeline.bwd_swap_ab is True
     if swap and tile_n != 128:
         problems.append(problem(
@@ -220,8 +227,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # GQA dK/dV leave through the dQ buffers: a warpgroup's fp32 share (64 rows x d, or d/2 with tile_n 64)
     accum_bytes = 64 * max(d, dv) // (1 if tile_n == 128 else 2) * 4 if spec.allow_gqa else 0
     stages = next(
-        (s for s in ((2, 2, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1), (2, 1, 2, 2), (2, 1, 2, 1), (2, 2, 1, 1), (2, 1, 1, 1),
-                     (1, 1, 2, 2), (1, 1, 1, 2), (1, 1, 1, 1))
+        (s for s in BWD_STAGE_ORDER
          if _bwd_smem(spec, tile_m, tile_n, swap, *s) <= SMEM_BUDGET
          and s[3] * 64 * _dq_cols(d, tile_m) * 4 >= accum_bytes),
         (1, 1, 1, 2),

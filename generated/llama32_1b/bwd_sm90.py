@@ -277,10 +277,17 @@ class FlashBwdSm90:
                 cpasync.prefetch_descriptor(tma_dq)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
+                    if cutlass.const_expr(DQ_BUFS == 2):
+                        # a buffer per warpgroup: free both before waiting for either tile, so neither
+                        # warpgroup's hand-off waits for the other's (pending: w0, w1 of the last block)
+                        for w in cutlass.range_constexpr(2):
+                            cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
+                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                     for w in cutlass.range_constexpr(2):
-                        # the buffer warpgroup w writes next has been read out (its previous reduce)
-                        cute.arch.cp_async_bulk_wait_group(DQ_BUFS - 1, read=True)
-                        cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        if cutlass.const_expr(DQ_BUFS == 1):
+                            # one buffer in turns: warpgroup w may write once the previous reduce has read it
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         if cutlass.const_expr(ROW_SPLIT):
                             tile = tdQgdQ[None, m_block * 2 + w, 0]
