@@ -288,3 +288,31 @@ def test_spills_in_mma_loops_counts_only_the_main_loop():
     assert len(mma_loops(sass, 2)) == 1 and mma_loops(sass, 3) == []
     assert spills_in_mma_loops(sass, 2) == 1
     assert spills_in_mma_loops(sass.replace("LDL R5, [R1]", "IADD3 R5, R5, 1, RZ"), 2) == 0
+
+
+def test_sass_loops_tool_counts_opcodes_per_loop():
+    """tools/sass_loops.py --ops: opcodes without modifiers or predicates, per listed loop."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "sass_loops.py"
+    spec = importlib.util.spec_from_file_location("sass_loops_tool", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+
+    def line(addr, text):
+        return f"        /*{addr:04x}*/                   {text} ;"
+
+    sass = "\n".join([
+        ".L_x_1:",
+        line(0x10, "UMOV UR17, 0x40000040"),
+        line(0x20, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"),
+        line(0x30, "@!P0 NANOSLEEP.SYNCS 0x989680"),
+        line(0x40, "UMOV UR19, 0x40000040"),
+        line(0x50, "@P0 BRA `(.L_x_1)"),
+        line(0x60, "EXIT"),
+    ])
+    assert tool.loop_rows(sass) == [(5, 1, 0, 0)]
+    (ops,) = tool.loop_ops(sass)
+    assert ops == {"UMOV": 2, "HGMMA": 1, "NANOSLEEP": 1, "BRA": 1}
+    assert tool.loop_ops(sass, min_mma=2) == []

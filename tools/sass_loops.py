@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 MMA_OPS = ("HGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA")
@@ -40,11 +41,30 @@ def loop_rows(sass_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int
     return rows
 
 
+def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
+    """Opcode (without modifiers or predicate) counts per loop, for the loops `loop_rows` lists."""
+    from fa4gen.compile.sass import loops
+
+    out = []
+    for body in loops(sass_text):
+        if sum(any(op in b for op in MMA_OPS) for b in body) >= min_mma:
+            ops = Counter()
+            for line in body:
+                m = re.search(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s;]", line.split("*/")[-1] if "*/" in line else line)
+                if m:
+                    ops[m.group(1)] += 1
+            out.append(ops)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec", help="a spec file, or a JSON spec dict")
     ap.add_argument("--arch", action="append", help="only these targets (default: all of the spec's)")
     ap.add_argument("--min-mma", type=int, default=1, help="list loops with at least this many MMAs (default 1)")
+    ap.add_argument("--ops", type=int, default=0, metavar="N",
+                    help="also print each loop's N most frequent opcodes (e.g. the uniform-datapath address math)")
+    ap.add_argument("--dump", type=Path, default=None, help="also write each kernel's SASS listing into this folder")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     from fa4gen.builder import compile_package, plan_spec, write_package
@@ -68,8 +88,14 @@ def main(argv=None) -> int:
                   + (f", {report.meta['registers']} registers" if report.meta.get("registers") else ""))
             if entry is None:
                 continue
-            for n, mma, ex2, spill in loop_rows(entry.file(SASS_FILE).read_text(), args.min_mma):
+            sass = entry.file(SASS_FILE).read_text()
+            if args.dump is not None:
+                args.dump.mkdir(parents=True, exist_ok=True)
+                (args.dump / f"{spec.name}.{plan.module}.sass").write_text(sass)
+            for (n, mma, ex2, spill), ops in zip(loop_rows(sass, args.min_mma), loop_ops(sass, args.min_mma)):
                 print(f"    loop: {n:5d} instructions  {mma:3d} MMA  {ex2:3d} MUFU.EX2  {spill:2d} LDL/STL")
+                if args.ops:
+                    print("          " + ", ".join(f"{op} {c}" for op, c in ops.most_common(args.ops)))
     return 0
 
 
