@@ -6,9 +6,11 @@
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
         --section ComputeWorkloadAnalysis --section LaunchStats python3 tools/bwd_ncu.py 128 8192 n
 
-Arguments: head dim, seqlen, causal y/n (batch 16384/seqlen, heads 2048/d as in bench_fwd.py). Each
-implementation runs one backward (compiled on its first call, before its kernels launch), so `-c 2`
-profiles fa4gen's main kernel, then flash-attn-4's.
+Arguments: head dim, seqlen, causal y/n [--swap] (batch 16384/seqlen, heads 2048/d as in
+bench_fwd.py). Each implementation runs one backward (compiled on its first call, before its kernels
+launch), so `-c 2` profiles fa4gen's main kernel, then flash-attn-4's (`--swap -c 3`: fa4gen's, its Sᵀ
+variant's, flash-attn-4's). For the per-instruction view add `--section SourceCounters --page source
+--csv --print-source sass > ncu.csv` and read it with `python3 tools/ncu_compare.py ncu.csv`.
 """
 
 import sys
@@ -21,11 +23,15 @@ from bench_fwd import _bwd_spec, _fa4, _first
 
 def main():
     d, s, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "y"
+    swap = "--swap" in sys.argv[4:]  # also fa4gen's Sᵀ backward (pipeline.bwd_swap_ab), profiled second
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    pkg = fa4gen.build(_bwd_spec(d, causal, False))
+    runs = [fa4gen.build(_bwd_spec(d, causal, False)).attention]
+    if swap:
+        runs.append(fa4gen.build(_bwd_spec(d, causal, False, swap_ab=True)).attention)
     fa4 = _fa4()
-    runs = [pkg.attention] + ([lambda q, k, v: _first(fa4(q, k, v, causal=causal))] if fa4 is not None else [])
+    if fa4 is not None:
+        runs.append(lambda q, k, v: _first(fa4(q, k, v, causal=causal)))
     for run in runs:
         out = run(q, k, v)
         out.backward(torch.randn_like(out))

@@ -1,0 +1,95 @@
+"""Side-by-side reading of an Nsight Compute source-page export (`ncu ... --section SourceCounters
+--page source --csv --print-source sass > ncu.csv`, one block per profiled kernel, e.g. from
+tools/bwd_ncu.py): per kernel, instructions executed by opcode with their shared-memory wavefronts
+(and the ideal count) and share of stall samples, the stall reasons, the instructions of one hot-loop
+iteration (those executed at least half as often as the most frequent HGMMA), and the top stall
+sites. Runs anywhere (no GPU): `python3 tools/ncu_compare.py ncu.csv [--top 25]`.
+"""
+
+import argparse
+import csv
+import io
+from collections import Counter
+from pathlib import Path
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+def kernels(text: str) -> list[tuple[str, list[dict]]]:
+    """(kernel name, rows as dicts) per kernel block of the export."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith('"Address"')]
+    out = []
+    for n, start in enumerate(starts):
+        name_line = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].startswith('"Kernel Name"')), "")
+        name = next(csv.reader([name_line]))[1] if name_line else f"kernel {n}"
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        block = [line for line in lines[start:end] if line.startswith('"')]
+        rows = list(csv.DictReader(io.StringIO("\n".join(block))))
+        out.append((name, [r for r in rows if r.get("Address", "").startswith("0x")]))
+    return out
+
+
+def _num(row: dict, key: str) -> float:
+    try:
+        return float(row.get(key) or 0)
+    except ValueError:
+        return 0.0
+
+
+def opcode(source: str) -> str:
+    """The opcode of a SASS line without its predicate and modifiers."""
+    tokens = source.split()
+    if tokens and tokens[0].startswith("@"):
+        tokens = tokens[1:]
+    return tokens[0].split(".")[0] if tokens else ""
+
+
+def report(name: str, rows: list[dict], top: int) -> str:
+    executed, wavefronts, ideal, samples, stalls = Counter(), Counter(), Counter(), Counter(), Counter()
+    for r in rows:
+        op = opcode(r["Source"])
+        executed[op] += _num(r, "Instructions Executed")
+        wavefronts[op] += _num(r, "L1 Wavefronts Shared")
+        ideal[op] += _num(r, "L1 Wavefronts Shared Ideal")
+        samples[op] += _num(r, SAMPLES)
+        for key in r:
+            if key.startswith("stall_") and "Not Issued" not in key:
+                stalls[key[6:]] += _num(r, key)
+    total, sampled = sum(executed.values()) or 1, sum(samples.values()) or 1
+    out = [f"== {name[:100]}", f"instructions executed {total:.4g}, stall samples {sampled:.0f}"]
+    for op, n in executed.most_common(top):
+        smem = f"  smem wavefronts {wavefronts[op]:.3g} (ideal {ideal[op]:.3g})" if wavefronts[op] else ""
+        out.append(f"  {op:12s} {n:11.4g} {100 * n / total:5.1f}%  stalls {100 * samples[op] / sampled:5.1f}%{smem}")
+    out.append("  stall reasons: " + ", ".join(f"{k} {100 * v / sampled:.1f}%" for k, v in stalls.most_common(8)))
+    hmma = max((_num(r, "Instructions Executed") for r in rows if "MMA" in opcode(r["Source"])), default=0)
+    if hmma:
+        per_iter = Counter()
+        for r in rows:
+            n = _num(r, "Instructions Executed")
+            if n >= 0.45 * hmma:  # both sides of a per-warpgroup branch run half as often
+                per_iter[opcode(r["Source"])] += n / hmma
+        out.append(f"  one hot-loop iteration per warp: {sum(per_iter.values()):.0f} instructions: "
+                   + ", ".join(f"{k} {v:.0f}" for k, v in per_iter.most_common(top)))
+    out.append("  top stall sites:")
+    for r in sorted(rows, key=lambda r: -_num(r, SAMPLES))[:12]:
+        reason = max(((_num(r, k), k[6:]) for k in r if k.startswith("stall_") and "Not Issued" not in k),
+                     default=(0, ""))[1]
+        out.append(f"    {r['Address'][-5:]} {100 * _num(r, SAMPLES) / sampled:5.1f}% {reason:14s} "
+                   f"x{_num(r, 'Instructions Executed'):9.3g}  {r['Source'].strip()[:70]}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("csv", type=Path)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args(argv)
+    for name, rows in kernels(args.csv.read_text()):
+        print(report(name, rows, args.top))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
