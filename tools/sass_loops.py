@@ -28,33 +28,25 @@ def _spec(text: str):
     return load_spec(path) if path.exists() else spec_from_dict(json.loads(text))
 
 
-def loop_rows(sass_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int]]:
-    """(instructions, MMAs, MUFU.EX2, LDL/STL) per loop with at least `min_mma` MMA instructions."""
+def _mma_loops(sass_text: str, min_mma: int) -> list[tuple[list[str], int]]:
+    """(body, MMA count) of every loop with at least `min_mma` MMA instructions."""
     from fa4gen.compile.sass import loops
 
-    rows = []
-    for body in loops(sass_text):
-        mma = sum(any(op in b for op in MMA_OPS) for b in body)
-        if mma >= min_mma:
-            rows.append((len(body), mma, sum("MUFU.EX2" in b for b in body),
-                         sum(bool(re.search(r"\b(LDL|STL)\b", b)) for b in body)))
-    return rows
+    counted = ((body, sum(any(op in b for op in MMA_OPS) for b in body)) for body in loops(sass_text))
+    return [(body, mma) for body, mma in counted if mma >= min_mma]
+
+
+def loop_rows(sass_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int]]:
+    """(instructions, MMAs, MUFU.EX2, LDL/STL) per loop with at least `min_mma` MMA instructions."""
+    return [(len(body), mma, sum("MUFU.EX2" in b for b in body), sum(bool(re.search(r"\b(LDL|STL)\b", b)) for b in body))
+            for body, mma in _mma_loops(sass_text, min_mma)]
 
 
 def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
     """Opcode (without modifiers or predicate) counts per loop, for the loops `loop_rows` lists."""
-    from fa4gen.compile.sass import loops
+    from fa4gen.compile.sass import summarize_sass
 
-    out = []
-    for body in loops(sass_text):
-        if sum(any(op in b for op in MMA_OPS) for b in body) >= min_mma:
-            ops = Counter()
-            for line in body:
-                m = re.search(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)[.\s;]", line.split("*/")[-1] if "*/" in line else line)
-                if m:
-                    ops[m.group(1)] += 1
-            out.append(ops)
-    return out
+    return [Counter(summarize_sass("\n".join(body)).opcodes) for body, _ in _mma_loops(sass_text, min_mma)]
 
 
 def main(argv=None) -> int:
