@@ -106,3 +106,17 @@ def test_transposed_mask_limits_do_not_wrap(mask):
                 lo, hi = tiling.relative_bounds(klo, khi, base)
                 for q in range(64):
                     assert (lo <= q < hi) == (klo <= base + q < khi), (seqlen_q, seqlen_k, row_offset, key, q)
+
+
+def test_causal_bit_mask_keeps_exactly_the_columns_below_the_limit():
+    """mask.apply_mask with an upper bound only (causal): a row keeps a prefix of the thread's fragment
+    columns (thread 0's view: 0, 1, 8, 9, 16, 17, ...), taken from one Int32 bit mask per 32 columns
+    (`kept_prefix`, `prefix_bits`; element c kept iff bit c % 32 of its word is set, read with an
+    arithmetic shift as on the GPU). It must keep exactly the columns the per-element compare keeps."""
+    for n_cols in (16, 20, 32, 44, 64):
+        cols = [8 * (c // 2) + c % 2 for c in range(n_cols)]
+        for limit in range(-40, cols[-1] + 20):
+            keep = tiling.kept_prefix(limit, n_cols)
+            for c, col in enumerate(cols):
+                bits = tiling.prefix_bits(keep - 32 * (c // 32))
+                assert ((bits >> (c % 32)) & 1) == (col < limit), (n_cols, limit, c)

@@ -444,7 +444,7 @@ class ForwardOp:
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
                    torch.empty(lse.shape, **f32),  # lse_log2
                    torch.empty(lse.shape, **f32),  # dpsum
-                   torch.zeros(q.shape, **f32)]  # dq_accum
+                   torch.empty(q.shape, **f32)]  # dq_accum (the preprocess zeroes it)
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
         if plan["deterministic"]:

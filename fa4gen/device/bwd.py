@@ -43,22 +43,33 @@ def _thread_row():
 
 
 class Preprocess:
-    """D and LSE2 of every query row (one launch before the main backward kernel)."""
+    """D and LSE2 of every query row (one launch before the main backward kernel); it also zeroes the
+    fp32 dQ accumulator (same rows, head_dim wide), so no separate fill runs before the main kernel."""
 
-    def __init__(self, head_dim_v: int):
+    def __init__(self, head_dim_v: int, head_dim: int):
         self.head_dim_v = head_dim_v
+        self.head_dim = head_dim
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                 mLSE2: cute.Tensor, mD: cute.Tensor, stream):
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD).launch(grid=_row_grid(mO), block=[THREADS, 1, 1], stream=stream)
+                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, stream):
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc).launch(
+            grid=_row_grid(mO), block=[THREADS, 1, 1], stream=stream
+        )
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-               mLSE2: cute.Tensor, mD: cute.Tensor):
+               mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
         batch, head, row, lane4 = _thread_row()
         acc = Float32(0.0)
         if row < mO.shape[1]:
+            zeros = cute.make_rmem_tensor((VEC,), Float32)
+            zeros.fill(0.0)
+            dq_row = mdQacc[batch, row, head, None]
+            for i in cutlass.range_constexpr((self.head_dim // VEC + 3) // 4):
+                c = lane4 + 4 * i
+                if c < self.head_dim // VEC:
+                    cute.autovec_copy(zeros, _chunk(dq_row, c))
             o_row = mO[batch, row, head, None]
             do_row = mdO[batch, row, head, None]
             for i in cutlass.range_constexpr((self.head_dim_v // VEC + 3) // 4):
@@ -115,6 +126,18 @@ def element_ptr(t: cute.Tensor, coord):
 
 
 @cute.jit
+def held_view(view: cute.Tensor, base: cute.Tensor) -> cute.Tensor:
+    """`view` (a slice of `base`) rebuilt on an element offset from `base` that ptxas keeps in a
+    register: the offset goes through a shuffle to the thread itself, which ptxas cannot recompute, so a
+    loop that reads the view no longer rematerializes the slice (block ids, strides from the parameter
+    space: ~25 instructions per load site and iteration in the backward). The offset is an Int32: the
+    LSE-sized tensors this serves hold under 2**31 elements on any GPU (each element comes with at least
+    five bf16 rows of head_dim >= 16 and an fp32 dQ row)."""
+    off = Int32((view.iterator.toint() - base.iterator.toint()) // (base.element_type.width // 8))
+    return cute.make_tensor(base.iterator + cute.arch.shuffle_sync(off, cute.arch.lane_idx()), view.layout)
+
+
+@cute.jit
 def wait_turn(counter, turn: Int32):
     """Spin (one thread) until the counter at `counter` reads `turn`; acquire ordering, so what the
     previous holders wrote before their `pass_turn` is visible after this returns."""
@@ -129,4 +152,4 @@ def pass_turn(counter):
     cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
 
 
-__all__ = ["Convert", "Preprocess", "element_ptr", "pass_turn", "wait_turn"]
+__all__ = ["Convert", "Preprocess", "element_ptr", "held_view", "pass_turn", "wait_turn"]

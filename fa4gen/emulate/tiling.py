@@ -96,6 +96,18 @@ def key_bounds(key, seqlen_k, window_left, window_right, chunk, *, causal, local
 TILE_SPAN = 2**16
 
 
+def kept_prefix(limit, n_cols):
+    """mask.kept_prefix: how many fragment columns 0, 1, 8, 9, ... lie below `limit`, in [0, n_cols]."""
+    lim = max(limit, 0)
+    return min(2 * (lim >> 3) + min(lim & 7, 2), n_cols)
+
+
+def prefix_bits(n):
+    """mask.prefix_bits as an Int32: the low n bits set (n <= 0: none, n >= 32: all, i.e. -1)."""
+    m = max(min(n, 32), 0)
+    return -1 if m == 32 else i32((1 << m) - 1)
+
+
 def relative_bounds(lo, hi, base):
     """mask.relative_bounds in Int32 arithmetic: [lo, hi) as offsets from `base`, clamped."""
     first, last = i32(base - 1), i32(base + TILE_SPAN)

@@ -103,7 +103,7 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V)(mO, mdO, mLSE, mdLSE, mLSE2, mD, stream)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,
@@ -303,6 +303,8 @@ class FlashBwdSm90:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
             wg_c = cute.arch.make_warp_uniform(warp_idx // 4 - 1)
+            # the LSE/D columns of this (batch, head), addressed once (bwd.held_view)
+            mLSE2_h, mD_h = bwd.held_view(mLSE2_s, mLSE2), bwd.held_view(mD_s, mD)
             thr_sdp = tiled_mma_sdp.get_slice(tidx_c)
             thr_dk = tiled_mma_dk.get_slice(tidx_c)
             thr_dv = tiled_mma_dv.get_slice(tidx_c)
@@ -372,8 +374,10 @@ class FlashBwdSm90:
                 pipe_q.consumer_wait(q_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tSrQ_q = tSrQ[None, None, None, q_state.index]
+                tSrK_0 = tSrK[None, None, None, 0]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                    cute.gemm(tiled_mma_sdp, acc_S, tSrQ[None, None, k, q_state.index], tSrK[None, None, k, 0], acc_S)
+                    cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 for r in cutlass.range_constexpr(n_rows):
@@ -381,13 +385,15 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2_s[row]
-                        dsum[r] = mD_s[row]
+                        lse2[r] = mLSE2_h[row]
+                        dsum[r] = mD_h[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
+                tdPrV_0 = tdPrV[None, None, None, 0]
                 for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
-                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrdO[None, None, k, do_state.index], tdPrV[None, None, k, 0], acc_dP)
+                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrdO_do[None, None, k], tdPrV_0[None, None, k], acc_dP)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
@@ -416,14 +422,20 @@ class FlashBwdSm90:
                 # dQ = dS·K first (its tile goes out while dV and dK run), then dV += Pᵀ·dO, dK += dSᵀ·Q
                 warpgroup.fence()
                 tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
+                tdQrdS_pds = tdQrdS[None, None, None, pds]
+                tdQrKt_0 = tdQrKt[None, None, None, 0]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, k, pds], tdQrKt[None, None, k, 0], acc_dQ)
+                    cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
                     tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
+                tdVrPt_pds = tdVrPt[None, None, None, pds]
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dv, acc_dV, tdVrPt[None, None, k, pds], tdVrdOt[None, None, k, do_state.index], acc_dV)
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrPt_pds[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                tdKrdSt_pds = tdKrdSt[None, None, None, pds]
+                tdKrQt_q = tdKrQt[None, None, None, q_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
+                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt_pds[None, None, k], tdKrQt_q[None, None, k], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
@@ -445,8 +457,10 @@ class FlashBwdSm90:
                 pipe_q.consumer_wait(q_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tSrQ_q = tSrQ[None, None, None, q_state.index]
+                tSrK_0 = tSrK[None, None, None, 0]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                    cute.gemm(tiled_mma_sdp, acc_S, tSrQ[None, None, k, q_state.index], tSrK[None, None, k, 0], acc_S)
+                    cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 for r in cutlass.range_constexpr(n_rows):
@@ -454,13 +468,15 @@ class FlashBwdSm90:
                     lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
                     dsum[r] = Float32(0.0)
                     if row < seqlen_q:
-                        lse2[r] = mLSE2_s[row]
-                        dsum[r] = mD_s[row]
+                        lse2[r] = mLSE2_h[row]
+                        dsum[r] = mD_h[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
+                tdPrV_0 = tdPrV[None, None, None, 0]
                 for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
-                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrdO[None, None, k, do_state.index], tdPrV[None, None, k, 0], acc_dP)
+                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrdO_do[None, None, k], tdPrV_0[None, None, k], acc_dP)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
@@ -485,14 +501,20 @@ class FlashBwdSm90:
                 # dQ = dS·K first (its tile goes out while dV and dK run), then dV += Pᵀ·dO, dK += dSᵀ·Q
                 warpgroup.fence()
                 tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
+                tdQrdS_pds = tdQrdS[None, None, None, pds]
+                tdQrKt_0 = tdQrKt[None, None, None, 0]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS[None, None, k, pds], tdQrKt[None, None, k, 0], acc_dQ)
+                    cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
                     tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
+                tdVrPt_pds = tdVrPt[None, None, None, pds]
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dv, acc_dV, tdVrPt[None, None, k, pds], tdVrdOt[None, None, k, do_state.index], acc_dV)
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrPt_pds[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                tdKrdSt_pds = tdKrdSt[None, None, None, pds]
+                tdKrQt_q = tdKrQt[None, None, None, q_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt[None, None, k, pds], tdKrQt[None, None, k, q_state.index], acc_dK)
+                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt_pds[None, None, k], tdKrQt_q[None, None, k], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)

@@ -222,9 +222,11 @@ class FlashFwdSm90:
                 n_block = n_max - 1
                 pipe_k.consumer_wait(kv_state)
                 warpgroup.fence()
+                tSrQ_0 = tSrQ[None, None, None, 0]
+                tSrK_kv = tSrK[None, None, None, kv_state.index]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, kv_state.index], acc_S)
+                    cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
@@ -246,14 +248,17 @@ class FlashFwdSm90:
 
                 # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
                 warpgroup.fence()
+                tSrQ_0 = tSrQ[None, None, None, 0]
+                tSrK_kv = tSrK[None, None, None, kv_state.index]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, kv_state.index], acc_S)
+                    cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
                 warpgroup.commit_group()
                 pipe_v.consumer_wait(v_state)
                 warpgroup.fence()
+                tOrV_st = tOrV[None, None, None, v_state.index]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
+                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
                 warpgroup.commit_group()
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
@@ -280,14 +285,17 @@ class FlashFwdSm90:
 
                 # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
                 warpgroup.fence()
+                tSrQ_0 = tSrQ[None, None, None, 0]
+                tSrK_kv = tSrK[None, None, None, kv_state.index]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
                     tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(tiled_mma_qk, acc_S, tSrQ[None, None, k, 0], tSrK[None, None, k, kv_state.index], acc_S)
+                    cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
                 warpgroup.commit_group()
                 pipe_v.consumer_wait(v_state)
                 warpgroup.fence()
+                tOrV_st = tOrV[None, None, None, v_state.index]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, v_state.index], acc_O)
+                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
                 warpgroup.commit_group()
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
@@ -306,8 +314,9 @@ class FlashFwdSm90:
                 # last P·V
                 pipe_v.consumer_wait(kv_state)
                 warpgroup.fence()
+                tOrV_st = tOrV[None, None, None, kv_state.index]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, kv_state.index], acc_O)
+                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)

@@ -1,0 +1,45 @@
+"""tools/ab_compare.py turns the alternated runs of tools/ab_bench.sh into one table; hand-made runs
+check that it averages each side, divides by the mean flash-attn-4 column and skips the backward table
+when the runs had no backward columns."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "ab_compare.py"
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("ab_compare_tool", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(path: Path, rows):
+    path.mkdir(parents=True)
+    (path / "bench_fwd.json").write_text(json.dumps({"rows": [
+        {"d": d, "seqlen": s, "causal": c, "fa4gen": ours, "fa4": fa4} for d, s, c, ours, fa4 in rows]}))
+
+
+def test_ab_compare_means_and_ratios(tmp_path, capsys):
+    _run(tmp_path / "new_1", [(128, 2048, False, 110.0, 100.0), (128, 2048, True, 90.0, 100.0)])
+    _run(tmp_path / "new_2", [(128, 2048, False, 130.0, 100.0), (128, 2048, True, 90.0, 100.0)])
+    _run(tmp_path / "ref_1", [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)])
+    _run(tmp_path / "ref_2", [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)])
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 128 | 2048 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 | 1.200 | 1.000 |" in text
+    assert "| 128 | 2048 | y | 90.0 / 90.0 | 100.0 / 100.0 | 0.900 | 0.900 | 1.000 |" in text
+    assert f"geometric mean new/ref {math.sqrt(1.2 * 0.9):.3f} over 2 cells, 2 runs each" in text
+    assert "fa4gen_bwd" not in text  # no backward columns in these runs
+    assert text.strip() == capsys.readouterr().out.strip()
+
+
+def test_ab_compare_needs_both_sides(tmp_path):
+    _run(tmp_path / "new_1", [(64, 512, False, 1.0, 1.0)])
+    with pytest.raises(SystemExit, match="0 ref"):
+        _tool().main([str(tmp_path)])

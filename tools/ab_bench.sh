@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A/B benchmark of this tree against a git ref, alternated in one device call (run-to-run spread on the
+# H200 is several percent per cell, so two builds are only compared inside one machine session).
+#
+#   here:        tools/ab_bench.sh prepare REF        # REF's fa4gen/ and templates/ into .ab/ (ignored)
+#   on the GPU:  source tools/device_env.sh; tools/ab_bench.sh run [ROUNDS] -- BENCH_FWD_ARGS...
+#                (carry [".device", ".ab"]; writes $OUT/ab/{new,ref}_N/ and prints tools/ab_compare.py)
+#
+# "new" is this working tree, "ref" the prepared copy; each side has its own compile cache and runs
+# tools/bench_fwd.py in a fresh process, new/ref/new/ref/... so slow drift hits both sides alike.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "${1:-}" in
+  prepare)
+    ref=${2:?usage: tools/ab_bench.sh prepare REF}
+    rm -rf "$root/.ab" && mkdir -p "$root/.ab/ref"
+    git -C "$root" archive "$ref" fa4gen templates | tar -x -C "$root/.ab/ref"
+    git -C "$root" rev-parse "$ref" > "$root/.ab/ref/COMMIT"
+    echo "prepared .ab/ref from $ref ($(cat "$root/.ab/ref/COMMIT")); carry [\".device\", \".ab\"]"
+    ;;
+  run)
+    shift
+    rounds=2
+    if [[ "${1:-}" =~ ^[0-9]+$ ]]; then rounds=$1; shift; fi
+    [[ "${1:-}" == "--" ]] && shift
+    [[ -f "$root/.ab/ref/COMMIT" ]] || { echo "no .ab/ref: run 'tools/ab_bench.sh prepare REF' first" >&2; exit 2; }
+    out=${OUT:-$root/out}/ab
+    mkdir -p "$out"
+    for round in $(seq 1 "$rounds"); do
+      for side in new ref; do
+        pp=$PYTHONPATH
+        [[ $side == ref ]] && pp="$root/.ab/ref:$PYTHONPATH"
+        # the script's own folder (tools/) comes first on sys.path, then PYTHONPATH: check which fa4gen loads
+        used=$(cd "$root/tools" && PYTHONPATH=$pp python3 -c "import fa4gen.render as r; print(r.TEMPLATES_DIR)")
+        echo "round $round $side: templates from $used"
+        PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/bench_fwd.py" "$@" \
+          --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)"
+      done
+    done
+    python3 "$root/tools/ab_compare.py" "$out"
+    ;;
+  *)
+    sed -n 2,11p "$0"; exit 2 ;;
+esac
