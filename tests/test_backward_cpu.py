@@ -229,8 +229,11 @@ class FakeKernels:
             assert t.shape == (b, h, s_q) and t.dtype == torch.float32
         for t, like in ((dq, q), (dk, k), (dv, v)):
             assert t.shape == like.shape and t.dtype == dtype and t.is_contiguous()
-        # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it
-        assert dq_accum.shape == (b, s_q, h, d) and dq_accum.dtype == torch.float32
+        # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it; every
+        # query tile (padded to tile_m rows) as flat fragment-order chunks per (batch, head)
+        tile_m = plan["tile_m"]
+        assert dq_accum.shape == (b, h, math.ceil(s_q / tile_m) * tile_m * d) and dq_accum.dtype == torch.float32
+        assert dq_accum.is_contiguous()
         if plan["dkv_accum"]:
             dk_accum, dv_accum = extra.pop(0), extra.pop(0)
             assert dk_accum.shape == (b, s_k, h_kv, d) and dv_accum.shape == (b, s_k, h_kv, d_v)

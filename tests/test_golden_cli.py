@@ -217,10 +217,10 @@ def _compiled(opcodes: dict, **fields):
 
 
 @pytest.mark.parametrize("opcodes,fields,problem", [
-    ({"HGMMA": 40, "UTMALDG": 4, "UTMAREDG": 20}, {}, None),
-    ({"HGMMA": 40, "UTMALDG": 4}, {}, "no UTMAREDG"),  # dQ not summed by TMA
-    ({"UTMALDG": 4, "UTMAREDG": 20}, {"hgmma": 0}, "no HGMMA"),
-    ({"HGMMA": 40, "UTMALDG": 4, "UTMAREDG": 20}, {"stl": 3}, "3 STL (spills)"),
+    ({"HGMMA": 40, "UTMALDG": 4, "UBLKRED": 20}, {}, None),
+    ({"HGMMA": 40, "UTMALDG": 4, "UTMAREDG": 20}, {}, "no UBLKRED"),  # dQ not summed by the bulk reduce
+    ({"UTMALDG": 4, "UBLKRED": 20}, {"hgmma": 0}, "no HGMMA"),
+    ({"HGMMA": 40, "UTMALDG": 4, "UBLKRED": 20}, {"stl": 3}, "3 STL (spills)"),
 ])
 def test_backward_compile_check_wants_hgmma_tma_reduce_and_no_spills(monkeypatch, opcodes, fields, problem):
     import fa4gen.compile.generated as generated
@@ -232,12 +232,12 @@ def test_backward_compile_check_wants_hgmma_tma_reduce_and_no_spills(monkeypatch
     fwd, bwd = variant.plans
     row = compile_and_sass(variant, bwd)
     assert (row.check, row.failed) == ("bwd compile + SASS", problem is not None)
-    assert f"UTMAREDG {opcodes.get('UTMAREDG', 0)}" in row.detail
+    assert f"UBLKRED {opcodes.get('UBLKRED', 0)}" in row.detail
     if problem:
         assert row.detail.startswith(problem)
     # the forward has no TMA reduce to look for
     forward_row = compile_and_sass(variant, fwd)
-    assert forward_row.check == "compile + SASS" and "UTMAREDG" not in forward_row.detail
+    assert forward_row.check == "compile + SASS" and "UBLKRED" not in forward_row.detail
     assert forward_row.failed == bool(fields)  # the same HGMMA / spill problems
 
 

@@ -441,16 +441,18 @@ class ForwardOp:
             q, k, v, out, dout, lse, dlse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dlse, dq, dk, dv))
             b, s_q = 1, total_q
         f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
+        # query tiles per (batch, head); varlen: per head, the tiles of every sequence numbered back to
+        # back (at most ceil(total / tile) + sequences)
+        q_tiles = -(-s_q // plan["tile_m"]) + (packed.batch if packed is not None else 0)
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
                    torch.empty(lse.shape, **f32),  # lse_log2
                    torch.empty(lse.shape, **f32),  # dpsum
-                   torch.empty(q.shape, **f32)]  # dq_accum (the preprocess zeroes it)
+                   # dq_accum: every query tile as flat chunks in the kernel's fragment order (the
+                   # preprocess zeroes it, the postprocess puts the values in place)
+                   torch.empty((b, h, q_tiles * plan["tile_m"] * q.shape[-1]), **f32)]
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
         if plan["deterministic"]:
-            # per (batch, head, tile); varlen: per (head, packed tile), the tiles of every sequence
-            # numbered back to back (at most ceil(total / tile) + sequences)
-            q_tiles = -(-s_q // plan["tile_m"]) + (packed.batch if packed is not None else 0)
             k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)
             tensors.append(torch.zeros((b, h, q_tiles), **i32))  # sem_dq
             if plan["dkv_accum"]:

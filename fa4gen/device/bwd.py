@@ -44,7 +44,9 @@ def _thread_row():
 
 class Preprocess:
     """D and LSE2 of every query row (one launch before the main backward kernel); it also zeroes the
-    fp32 dQ accumulator (same rows, head_dim wide), so no separate fill runs before the main kernel."""
+    fp32 dQ accumulator, so no separate fill runs before the main kernel. The accumulator is (batch,
+    heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles padded, in whatever
+    order the main kernel keeps them): the grid covers n / head_dim rows of head_dim floats."""
 
     def __init__(self, head_dim_v: int, head_dim: int):
         self.head_dim_v = head_dim_v
@@ -53,8 +55,9 @@ class Preprocess:
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                  mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, stream):
+        acc_rows = mdQacc.shape[2] // self.head_dim
         self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc).launch(
-            grid=_row_grid(mO), block=[THREADS, 1, 1], stream=stream
+            grid=(cute.ceil_div(acc_rows, ROWS_PER_CTA), mO.shape[2], mO.shape[0]), block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
@@ -62,14 +65,15 @@ class Preprocess:
                mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
         batch, head, row, lane4 = _thread_row()
         acc = Float32(0.0)
-        if row < mO.shape[1]:
+        if row < mdQacc.shape[2] // self.head_dim:
             zeros = cute.make_rmem_tensor((VEC,), Float32)
             zeros.fill(0.0)
-            dq_row = mdQacc[batch, row, head, None]
+            dq_row = cute.local_tile(mdQacc[batch, head, None], (self.head_dim,), (row,))
             for i in cutlass.range_constexpr((self.head_dim // VEC + 3) // 4):
                 c = lane4 + 4 * i
                 if c < self.head_dim // VEC:
                     cute.autovec_copy(zeros, _chunk(dq_row, c))
+        if row < mO.shape[1]:
             o_row = mO[batch, row, head, None]
             do_row = mdO[batch, row, head, None]
             for i in cutlass.range_constexpr((self.head_dim_v // VEC + 3) // 4):

@@ -23,6 +23,13 @@ def bhs_lse(b, h, s):
     return runtime.make_fake_compact_tensor(Float32, (b, h, s), stride_order=(2, 1, 0), assumed_align=4)
 
 
+def accumulator(b, h):
+    """The backward's fp32 (batch, heads, n) dQ accumulator (its tiles as flat chunks), contiguous; n is a
+    whole number of 64-row tiles of head_dim >= 16 floats, so every head's slice is 4 KiB-aligned."""
+    n = cute.sym_int(divisibility=1024)
+    return runtime.make_fake_compact_tensor(Float32, (b, h, n), stride_order=(2, 1, 0), assumed_align=16)
+
+
 def semaphores(b, h, n):
     """A zeroed int32 (batch, heads, blocks) counter array of the deterministic backward, contiguous."""
     return runtime.make_fake_compact_tensor(Int32, (b, h, n), stride_order=(2, 1, 0), assumed_align=4)

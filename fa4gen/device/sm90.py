@@ -1,11 +1,21 @@
-"""Device helpers specific to Hopper kernels: TMA partitioning and mbarrier pipeline creation.
+"""Device helpers specific to Hopper kernels: TMA partitioning, mbarrier pipeline creation and the
+backward's fragment-order dQ chunks.
 
 Kept out of the templates so that every generated SM90 kernel wires the same, tested pieces.
 """
 
+from typing import Optional
+
+import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass.cute.nvgpu import cpasync
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync
+from cutlass.cutlass_dsl import dsl_user_op
+
+from fa4gen.device import varlen
 
 
 def tma_split(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
@@ -24,3 +34,99 @@ def tma_pipeline(mbar, stages: int, nbytes: int, consumer_warps: int) -> pipelin
         tx_count=nbytes,
         defer_sync=True,
     )
+
+
+# -- the backward's dQ hand-off in fragment order --------------------------------------------------
+# A warpgroup's fp32 dQ tile (64 x DQ_N, a WGMMA accumulator) leaves the consumer as it sits in the
+# registers: thread t's values 4v..4v+3 go to floats 512 v + 4 t of a flat "chunk" (one 128-bit store
+# each, consecutive lanes on consecutive 16 bytes: no bank conflict, one base register). The dQ warp
+# adds the chunk into global memory with one bulk reduce, so the global accumulator holds every tile as
+# such a chunk; `ConvertChunks` puts the values back at their (row, column) when it writes dQ.
+CHUNK_THREADS = 128
+CHUNK_VEC = 4  # fp32 per 128-bit store
+
+
+def dq_split(head_dim: int, tile_m: int) -> tuple[tuple[int, int, int], int]:
+    """(WGMMA atom layout, DQ_N) of the backward's dQ = dS·K over two consumer warpgroups: by query
+    rows (64 each, DQ_N = head_dim) when tile_m is 128, else by columns (DQ_N = head_dim / 2)."""
+    return ((2, 1, 1), head_dim) if tile_m == 128 else ((1, 2, 1), head_dim // 2)
+
+
+def chunk_origin(w, tile_m: int, dq_n: int):
+    """(row, column) in the (tile_m, head_dim) dQ tile where warpgroup w's (64, DQ_N) share starts."""
+    return (64 * w, 0) if tile_m == 128 else (0, dq_n * w)
+
+
+def chunk_copy() -> cute.TiledCopy:
+    """The tiled copy between a warpgroup's accumulator and a flat chunk (see above)."""
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+    return cute.make_tiled_copy_tv(atom, cute.make_layout(CHUNK_THREADS), cute.make_layout(CHUNK_VEC))
+
+
+@cute.jit
+def chunk_view(chunk: cute.Tensor, t) -> cute.Tensor:
+    """Thread t's share of a flat chunk (its 128-bit vectors), in accumulator order."""
+    return chunk_copy().get_slice(t).partition_D(chunk)
+
+
+@dsl_user_op
+def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None, ip=None):
+    """gmem[0:nbytes] += smem[0:nbytes] as fp32, one bulk asynchronous reduce (one thread issues it;
+    completion through the bulk async-groups: cp_async_bulk_commit_group / wait_group)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+class ConvertChunks:
+    """dQ = scale * its fp32 accumulator, which holds every (tile_m x head_dim) query tile as two chunks
+    (one per consumer warpgroup: rows 64w.. when tile_m is 128, else columns dq_n w..) in fragment order.
+    One CTA of 2 warpgroups per (tile, head, batch); with `varlen`, tiles are numbered over the packed
+    sequences as `varlen.tile_of` does and the row offsets come from cu_seqlens."""
+
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.tile_m = tile_m
+        self.dq_n = dq_split(head_dim, tile_m)[1]
+        self.varlen = varlen
+
+    @cute.jit
+    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor], stream):
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.dq_n)
+        )
+        tiles = mAcc.shape[2] // (self.tile_m * self.head_dim)
+        self.kernel(mAcc, mdQ, mCuQ, tiled_mma, scale).launch(
+            grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: Optional[cute.Tensor], tiled_mma: cute.TiledMma, scale: Float32):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, head, batch = cute.arch.block_idx()
+        w, t = tidx // CHUNK_THREADS, tidx % CHUNK_THREADS
+        chunk_size = 64 * self.dq_n
+        offset, seqlen, m_block = Int32(0), mdQ.shape[1], tile
+        if cutlass.const_expr(self.varlen):
+            total = mdQ.shape[1]
+            seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+            offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
+        acc = mAcc[batch, head, None]
+        chunk = cute.make_tensor(acc.iterator + (tile * 2 + w) * chunk_size, cute.make_layout(chunk_size))
+        src = chunk_copy().get_slice(t).partition_S(chunk)
+        vals = cute.make_rmem_tensor(src.shape, Float32)
+        cute.autovec_copy(src, vals)
+        coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((64, self.dq_n)))
+        r0, col0 = chunk_origin(w, self.tile_m, self.dq_n)
+        row0 = m_block * self.tile_m + r0
+        for i in cutlass.range_constexpr(cute.size(vals)):
+            r, c = coords[i]
+            if row0 + r < seqlen:
+                mdQ[batch, offset + row0 + r, head, col0 + c] = (vals[i] * scale).to(mdQ.element_type)

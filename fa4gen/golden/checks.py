@@ -2,8 +2,9 @@
 
   compile + SASS          (any machine) the kernel compiles for its arch through the cache; its
                           SASS has the arch's MMA (HGMMA / UTC*MMA) and TMA loads, and no spills;
-                          a backward kernel ("bwd compile + SASS") also its TMA reduce-add
-                          (UTMAREDG: dQ, and dK/dV with GQA, are summed in global memory by TMA)
+                          a backward kernel ("bwd compile + SASS") also its bulk reduce-add
+                          (UBLKRED: the dQ chunks are summed in global memory by the bulk copy
+                          engine; dK/dV with GQA by TMA reduce-add, UTMAREDG)
   emulator vs reference   (CPU) the plan's algorithm, emulated, is within the error budget
   kernel vs reference     (Hopper GPU) numerics of the real kernel, output poisoned before the call
   kernel vs emulator      (Hopper GPU) the same, against the emulator, per element in ulps
@@ -47,7 +48,7 @@ CASE_SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
 RUNTIME_WINDOW = (37, 5)
 RUNTIME_CHUNK = 64
 MMA_OPCODE = {"sm90": "hgmma", "sm100": "utchmma"}
-TMA_REDUCE_OPCODE = "utmaredg"  # cp.reduce.async.bulk.tensor: the backward's dQ (and GQA dK/dV) sums
+BULK_REDUCE_OPCODE = "ublkred"  # cp.reduce.async.bulk: the backward's dQ sums
 TORCH_DTYPES = packed.TORCH_DTYPES
 
 
@@ -176,7 +177,7 @@ def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
                            time.perf_counter() - start)
     sass = res.meta.get("sass") or {}
     mma = MMA_OPCODE.get(arch, "hgmma")
-    required = [mma, "utmaldg"] + ([TMA_REDUCE_OPCODE] if plan["direction"] == "bwd" else [])
+    required = [mma, "utmaldg"] + ([BULK_REDUCE_OPCODE] if plan["direction"] == "bwd" else [])
     counts = {op: _opcode_count(sass, op) for op in (*required, "ldl", "stl")}
     problems = [f"no {op.upper()}" for op in required if counts[op] <= 0]
     sass_text = getattr(res, "sass_text", None)
@@ -198,7 +199,7 @@ def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
 
 
 def _opcode_count(sass: dict, op: str) -> int:
-    """A SASS summary's count of `op`: its own field, else the base-opcode histogram (UTMAREDG)."""
+    """A SASS summary's count of `op`: its own field, else the base-opcode histogram (UBLKRED)."""
     if op in sass:
         return sass[op]
     return (sass.get("opcodes") or {}).get(op.upper(), 0)

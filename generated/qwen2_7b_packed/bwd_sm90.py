@@ -9,7 +9,7 @@ kernel, and the postprocess (fp32 accumulators -> gradients in the input dtype).
 
 Main kernel: one CTA per (key block of 128, q head, batch). Warpgroup 0: warp 0 loads K and V once,
 then Q and dO per query block of 64 rows (TMA); warp 1 adds each warpgroup's dQ tile of a query block
-into the fp32 accumulator in global memory (TMA reduce-add).
+into the fp32 accumulator in global memory (in fragment order, one bulk reduce-add each).
 Warpgroups 1-2, per query block: S = Q·Kᵀ and dP = dO·Vᵀ, P = exp2(S·scale - LSE), dS = P∘(dP - D),
 then dV += Pᵀ·dO, dK += dSᵀ·Q and dQ = dS·K, with P and dS passed through shared memory.
 """
@@ -47,7 +47,7 @@ DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 # S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
 ROW_SPLIT = TILE_M == 128
 SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
-DQ_ATOMS, DQ_N = ((2, 1, 1), HEAD_DIM) if ROW_SPLIT else ((1, 2, 1), HEAD_DIM // 2)
+DQ_ATOMS, DQ_N = hopper.dq_split(HEAD_DIM, TILE_M)
 MASK = dict(causal=True, local=False, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
@@ -112,7 +112,9 @@ class FlashBwdSm90:
             mCuQ, mCuK, mSeqUsedK,
             scale_log2, grad_scale, use_seqused, stream,
         )
-        bwd.Convert(HEAD_DIM)(mdQacc, mdQ, grad_scale, stream)
+        hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, True)(
+            mdQacc, mdQ, grad_scale, mCuQ, stream
+        )
         bwd.Convert(HEAD_DIM)(mdKacc, mdK, grad_scale, stream)
         bwd.Convert(HEAD_DIM_V)(mdVacc, mdV, Float32(1.0), stream)
 
@@ -125,17 +127,17 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32, use_seqused: Int32, stream,
     ):
         # (b, s, h, d) -> (s, d, h, b)
-        mQ, mK, mV, mdO, mdK, mdV, mdQacc = [
+        mQ, mK, mV, mdO, mdK, mdV = [
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0]))
-            for t in (mQ, mK, mV, mdO, mdK, mdV, mdQacc)
+            for t in (mQ, mK, mV, mdO, mdK, mdV)
         ]
         mdKacc, mdVacc = [
             cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 3, 2, 0])) for t in (mdKacc, mdVacc)
         ]
         # packed sequences (one batch of extent 1, dropped): rows past a sequence's end are out of bounds
         total_q, total_k = mQ.shape[0], mK.shape[0]
-        mQ, mdO, mdQacc, mK, mV, mdK, mdV = [
-            varlen.bounded_view(t[None, None, None, 0], 0) for t in (mQ, mdO, mdQacc, mK, mV, mdK, mdV)
+        mQ, mdO, mK, mV, mdK, mdV = [
+            varlen.bounded_view(t[None, None, None, 0], 0) for t in (mQ, mdO, mK, mV, mdK, mdV)
         ]
         mdKacc, mdVacc = [varlen.bounded_view(t[None, None, None, 0], 0) for t in (mdKacc, mdVacc)]
         K_MAJOR, MN_MAJOR = OperandMajorMode.K, OperandMajorMode.MN
@@ -153,16 +155,13 @@ class FlashBwdSm90:
         sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, DQ_N, 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_M, TILE_N, 64, PDS_STAGES)
-        sdQ_layout = _smem_layout(Float32, 64, DQ_N, DQ_N, DQ_BUFS)  # one warpgroup's dQ per buffer
+        sdQ_layout = cute.make_layout((64 * DQ_N, DQ_BUFS))  # one warpgroup's dQ chunk per buffer (flat)
         load = cpasync.CopyBulkTensorTileG2SOp()
         stage0 = (None, None, 0)
         tma_q, mQ = cpasync.make_tiled_tma_atom(load, mQ, cute.slice_(sQ_layout, stage0), (TILE_M, HEAD_DIM))
         tma_do, mdO = cpasync.make_tiled_tma_atom(load, mdO, cute.slice_(sdO_layout, stage0), (TILE_M, HEAD_DIM_V))
         tma_k, mK = cpasync.make_tiled_tma_atom(load, mK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
         tma_v, mV = cpasync.make_tiled_tma_atom(load, mV, cute.slice_(sV_layout, stage0), (TILE_N, HEAD_DIM_V))
-        tma_dq, mdQacc = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQacc, cute.slice_(sdQ_layout, stage0), (64, DQ_N)
-        )
         # GQA: 64-key-row fp32 tiles of dK and dV go through the dQ buffer into the group's accumulators
         # (a warpgroup's share: 64 key rows x all columns, or 64 rows x half the columns)
         sdKacc_layout = _smem_layout(Float32, 64, HEAD_DIM // DKV_SPLIT, HEAD_DIM // DKV_SPLIT, 1)
@@ -197,7 +196,7 @@ class FlashBwdSm90:
         # every sequence's key tiles, numbered back to back: at most ceil(total / TILE_N) + sequences
         grid = (cute.ceil_div(total_k, TILE_N) + cute.size(mCuQ.shape[0]) - 1, cute.size(mQ.shape[2]), 1)
         self.kernel(
-            tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dq, mdQacc,
+            tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
             mLSE2, mD,
             mCuQ, mCuK, mSeqUsedK, total_q, total_k,
@@ -210,7 +209,7 @@ class FlashBwdSm90:
     def kernel(
         self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_do: cute.CopyAtom, mdO: cute.Tensor,
         tma_k: cute.CopyAtom, mK: cute.Tensor, tma_v: cute.CopyAtom, mV: cute.Tensor,
-        tma_dq: cute.CopyAtom, mdQacc: cute.Tensor,
+        mdQacc: cute.Tensor,
         tma_dk: cute.CopyAtom, mdKacc: cute.Tensor, tma_dv: cute.CopyAtom, mdVacc: cute.Tensor,
         sdKacc_layout: cute.ComposedLayout, sdVacc_layout: cute.ComposedLayout,
         mLSE2: cute.Tensor, mD: cute.Tensor,
@@ -218,7 +217,7 @@ class FlashBwdSm90:
         tiled_mma_sdp: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
         scale_log2: Float32, grad_scale: Float32, use_seqused: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -234,9 +233,12 @@ class FlashBwdSm90:
         offset_q, seqlen_q, offset_k, seqlen_k = varlen.sequence(
             mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused
         )
+        # this sequence's first query tile in the packed numbering: the dQ accumulator's chunks (and the
+        # deterministic mode's semaphores) are per packed query tile
+        q_tile0 = varlen.tiles_before(mCuQ, batch, total_q, TILE_M)
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mdO_s = varlen.sequence_rows(mdO, offset_q, seqlen_q, 0)[None, None, head]
-        mdQacc_s = varlen.sequence_rows(mdQacc, offset_q, seqlen_q, 0)[None, None, head]
+        mdQacc_h = mdQacc[0, head, None]
         mK_s = varlen.sequence_rows(mK, offset_k, seqlen_k, 0)[None, None, head_kv]
         mV_s = varlen.sequence_rows(mV, offset_k, seqlen_k, 0)[None, None, head_kv]
         mdKacc_s = varlen.sequence_rows(mdKacc, offset_k, seqlen_k, 0)[None, None, head_kv]
@@ -257,7 +259,7 @@ class FlashBwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout)
         m_min, m_max = mask.m_block_range(
             n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
         )
@@ -298,11 +300,8 @@ class FlashBwdSm90:
                               tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
                     do_state.advance()
             if warp_idx == 1:
-                # dQ role: add each query block's dQ tile into the fp32 accumulator (TMA reduce-add)
-                # one (64, DQ_N) tile per warpgroup and query block
-                gdQ = cute.local_tile(mdQacc_s, (64, DQ_N), (None, None))
-                tdQsdQ, tdQgdQ = hopper.tma_split(tma_dq, sdQ, gdQ)
-                cpasync.prefetch_descriptor(tma_dq)
+                # dQ role: add each query block's dQ tiles (one chunk of 64 x DQ_N per warpgroup, in
+                # fragment order) into the fp32 accumulator, one bulk reduce each
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
                     if cutlass.const_expr(DQ_BUFS == 2):
@@ -317,12 +316,13 @@ class FlashBwdSm90:
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
                             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
-                        if cutlass.const_expr(ROW_SPLIT):
-                            tile = tdQgdQ[None, m_block * 2 + w, 0]
-                        else:
-                            tile = tdQgdQ[None, m_block, w]
-                        cute.copy(tma_dq, tdQsdQ[None, w % DQ_BUFS], tile)
-                        cute.arch.cp_async_bulk_commit_group()
+                        with cute.arch.elect_one():
+                            # (not `chunk`: with a chunked mask that is the chunk size)
+                            dq_chunk = (q_tile0 + m_block) * 2 + w
+                            hopper.reduce_add_bulk(
+                                mdQacc_h.iterator + dq_chunk * (64 * DQ_N), sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4
+                            )
+                            cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # the epilogue reuses the dQ buffers: hand them over once the last tiles are read out
                 for w in cutlass.range_constexpr(2):
@@ -376,12 +376,11 @@ class FlashBwdSm90:
             thr_pds = copy_pds.get_slice(tidx_c)
             tPsP = thr_pds.partition_D(sP)
             tdSsdS = thr_pds.partition_D(sdS)
-            copy_dq = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64), tiled_mma_dq
-            )
-            thr_copy_dq = copy_dq.get_slice(tidx_c)
-            tdQsdQ_w = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, 0], ROW_SPLIT, TILE_M, HEAD_DIM))
-            tdQsdQ_w1 = thr_copy_dq.partition_D(_wg_tiles(sdQ[None, None, DQ_BUFS - 1], ROW_SPLIT, TILE_M, HEAD_DIM))
+            # the dQ tile leaves in fragment order (hopper.chunk_copy: 128-bit stores, no bank conflict)
+            copy_dq = hopper.chunk_copy()
+            tdQsdQ_w = hopper.chunk_view(sdQ[None, 0], tidx_c % 128)
+            tdQsdQ_w1 = hopper.chunk_view(sdQ[None, DQ_BUFS - 1], tidx_c % 128)
+            tdQrdQ = cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQ_w.shape))
             for mma in (tiled_mma_sdp, tiled_mma_dq):
                 mma.set(warpgroup.Field.ACCUMULATE, False)
             for mma in (tiled_mma_dk, tiled_mma_dv):
@@ -469,9 +468,9 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
                 if wg_c == 0:
-                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
                 else:
-                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
@@ -548,9 +547,9 @@ class FlashBwdSm90:
                 cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
                 if wg_c == 0:
-                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w)
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
                 else:
-                    cute.copy(copy_dq, thr_copy_dq.retile(acc_dQ), tdQsdQ_w1)
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
                 warpgroup.wait_group(0)
@@ -603,7 +602,7 @@ def fake_arguments():
         fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM), fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM),
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V),
         fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
-        fake.bshd(Float32, b, s_q, h_q, HEAD_DIM),
+        fake.accumulator(b, h_q),
         fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM), fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM_V),
         *fake.cu_seqlens(),
         Float32(1.0), Float32(1.0), Int32(0),

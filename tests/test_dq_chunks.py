@@ -1,0 +1,69 @@
+"""Device helpers, sm90: the backward's fragment-order dQ chunks, checked thread by thread on the CPU.
+
+The consumer warpgroups store their dQ accumulators as flat chunks (`sm90.chunk_copy`), the dQ warp adds
+chunks into global memory as they are, and `sm90.ConvertChunks` puts every value back at its (row,
+column). That is right only if, for every thread and accumulator element i:
+  * the chunk view sends element i of thread t to float 512 (i // 4) + 4 t + i % 4 (128-bit stores,
+    consecutive lanes on consecutive 16 bytes), the order the postprocess reads back;
+  * the coordinate of element i in the two-warpgroup dQ GEMM the main kernel runs (atoms and DQ_N from
+    `sm90.dq_split`) equals the coordinate the postprocess gives it: the one-warpgroup (64, DQ_N)
+    fragment's, shifted by `sm90.chunk_origin` of the thread's warpgroup;
+  * a warpgroup's chunk covers its (64, DQ_N) share exactly once.
+The layouts are static, so tracing on the CPU evaluates every coordinate exactly (sampled threads: all
+of warp 0 and of the last warp, and every 5th thread).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.compile
+cute = pytest.importorskip("cutlass.cute")
+
+import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
+from cutlass import BFloat16, Float32  # noqa: E402
+from cutlass.cute.nvgpu import OperandMajorMode  # noqa: E402
+
+from fa4gen.compile.aot import target_arch  # noqa: E402
+from fa4gen.device import sm90  # noqa: E402
+
+THREADS = sorted(set(range(32)) | set(range(224, 256)) | set(range(0, 256, 5)))
+
+
+def _coords(part):
+    return [tuple(int(x) for x in part[i]) for i in range(cute.size(part))]
+
+
+def _check(head_dim: int, tile_m: int, seen: dict):
+    atoms, dq_n = sm90.dq_split(head_dim, tile_m)
+    mma = lambda a, n: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
+        BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.MN, Float32, a, (64, n)
+    )
+    two, one = mma(atoms, dq_n), mma((1, 1, 1), dq_n)
+    chunk = cute.make_identity_tensor((64 * dq_n,))
+    for tid in THREADS:
+        w, t = tid // 128, tid % 128
+        main = _coords(two.get_slice(tid).partition_C(cute.make_identity_tensor((tile_m, head_dim))))
+        post = _coords(one.get_slice(t).partition_C(cute.make_identity_tensor((64, dq_n))))
+        r0, c0 = sm90.chunk_origin(w, tile_m, dq_n)
+        assert len(main) == len(post) == 64 * dq_n // 128
+        assert main == [(r + r0, c + c0) for r, c in post], (head_dim, tile_m, tid)
+        view = sm90.chunk_view(chunk, t)
+        offsets = [int(view[i][0] if isinstance(view[i], tuple) else view[i]) for i in range(cute.size(view))]
+        assert offsets == [512 * (i // 4) + 4 * t + i % 4 for i in range(len(post))], (head_dim, tile_m, tid)
+        seen[(head_dim, tile_m, w)].update(zip(offsets, post))
+
+
+@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64)])
+def test_dq_chunk_round_trip(head_dim, tile_m):
+    seen = {(head_dim, tile_m, w): set() for w in (0, 1)}
+
+    @cute.jit
+    def host():
+        _check(head_dim, tile_m, seen)
+
+    with target_arch("sm_90a"):
+        cute.compile(host)
+    # the sampled threads' offsets and coordinates are each taken once (no two elements share a slot)
+    for pairs in seen.values():
+        assert len({o for o, _ in pairs}) == len({rc for _, rc in pairs}) == len(pairs) > 0

@@ -1,0 +1,56 @@
+"""Generated kernel modules never rebind their run-time scalar parameters (scale, softcap, window,
+chunk size, ...): a template variable that happened to share such a name would silently change the
+mask or the math for the rest of the kernel (session 6: a dQ chunk index named `chunk` overwrote a
+chunked mask's chunk size; the varlen kernel compiled and gave wrong gradients). Renders every
+template family for specs that switch on every scalar parameter and checks each function's body with
+the AST. CPU only, no compile."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from fa4gen.builder import plan_spec
+from fa4gen.render import render_package
+from fa4gen.spec import spec_from_dict
+
+SCALAR_TYPES = {"Float32", "Int32"}
+SPECS = [
+    dict(name="lint_chunked", head_dim=192, head_dim_v=128, softcap=20.0, mask={"kind": "chunked", "chunk_size": 96}),
+    dict(name="lint_window", head_dim=128, mask={"kind": "sliding_window", "left": 100, "right": 20}, deterministic=True),
+    dict(name="lint_varlen", head_dim=256, softcap=20.0, mask={"kind": "chunked", "chunk_size": 96}, varlen=True),
+    dict(name="lint_causal_swap", head_dim=128, mask={"kind": "causal"}, pipeline={"bwd_swap_ab": True}),
+    dict(name="lint_d64_causal", head_dim=64, mask={"kind": "causal"}, varlen=True, deterministic=True),
+    # SM100: forward only
+    dict(name="lint_sm100_chunked", targets=["sm100"], backward=False, head_dim=128, softcap=20.0,
+         mask={"kind": "chunked", "chunk_size": 96}),
+    dict(name="lint_sm100_window", targets=["sm100"], backward=False, head_dim=128,
+         mask={"kind": "sliding_window", "left": 100, "right": 20}),
+]
+
+
+def _scalar_params(fn: ast.FunctionDef) -> set[str]:
+    args = fn.args.args + fn.args.kwonlyargs
+    return {a.arg for a in args if isinstance(a.annotation, ast.Name) and a.annotation.id in SCALAR_TYPES}
+
+
+def _rebinds(fn: ast.FunctionDef, names: set[str]) -> list[tuple[str, int]]:
+    return sorted({(node.id, node.lineno) for node in ast.walk(fn)
+                   if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names})
+
+
+@pytest.mark.parametrize("fields", SPECS, ids=lambda f: f["name"])
+def test_scalar_parameters_are_never_rebound(fields):
+    spec = spec_from_dict({"targets": ["sm90"], "dtype": "bf16", "backward": True, **fields})
+    plans, _ = plan_spec(spec)
+    files = render_package(spec, plans, spec_label="lint", unavailable={}).files
+    checked = 0
+    for path, text in files.items():
+        if not path.endswith(".py"):
+            continue
+        for fn in (n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)):
+            params = _scalar_params(fn)
+            checked += bool(params)
+            assert not _rebinds(fn, params), f"{path}: {fn.name} rebinds run-time parameters {_rebinds(fn, params)}"
+    assert checked >= 2  # kernels and their hosts take scalar parameters
