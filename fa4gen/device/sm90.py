@@ -102,6 +102,27 @@ def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=
     )
 
 
+@dsl_user_op
+def load_bulk(smem: cute.Pointer, gmem: cute.Pointer, nbytes: int, mbar: cute.Pointer, *, loc=None, ip=None):
+    """smem[0:nbytes] = gmem[0:nbytes], one bulk asynchronous copy (one thread issues it) completing as
+    transaction bytes on the mbarrier `mbar` (whose expected count must include nbytes). Both addresses
+    16-byte aligned, nbytes a multiple of 16."""
+    llvm.inline_asm(
+        None,
+        [
+            smem.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+            gmem.llvm_ptr,
+            Int32(nbytes).ir_value(loc=loc, ip=ip),
+            mbar.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+        ],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 class ConvertChunks:
     """dQ = scale * its fp32 accumulator, which holds every (tile_m x head_dim) query tile as two chunks
     (one per consumer warpgroup, `dq_split` / `chunk_position`) in fragment order.

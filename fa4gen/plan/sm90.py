@@ -221,10 +221,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # shared memory (session 5, s2k/s8k: d64 0.75-0.79x vs 0.85-0.86x flash-attn-4, d128 0.82-0.85x vs
     # 0.82-0.89x; docs/PERF.md), ~2% faster at d128 since session 6's spill fix
     swap = spec.pipeline.bwd_swap_ab is True
-    if swap and spec.mask.kind == "none" and 96 < max(d, dv) <= 128:
+    if swap and spec.mask.kind == "none" and not spec.varlen and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
-        # Kᵀ·dSᵀ) since WGMMA rows come in 64s
+        # Kᵀ·dSᵀ) since WGMMA rows come in 64s. It fits the registers only with the per-query
+        # statistics in shared memory (bulk-copied with Q), which varlen does not do yet
         tile_m = 80
     if swap and tile_n != 128:
         problems.append(problem(
@@ -242,7 +243,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     smem = _bwd_smem(spec, tile_m, tile_n, swap, *stages)
     # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
     # bound: ptxas decides, and the SASS tests check that no backward kernel spills
-    stats = 8 * ((tile_m + 63) // 64) if swap else 4  # Sᵀ: LSE/D of 2 queries per lane and 64 rows, + the next block's
+    # Sᵀ: LSE/D through shared memory (varlen: 2 queries per lane and 64 rows, + the next block's)
+    stats = (8 * ((tile_m + 63) // 64) if spec.varlen else 2) if swap else 4
     regs = (tile_n * (d + dv) + 2 * tile_m * tile_n) // 256 + stats + REGS_BWD_OVERHEAD
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),

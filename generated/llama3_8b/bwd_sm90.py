@@ -579,7 +579,7 @@ def fake_arguments():
         fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
         fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM), fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM),
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V),
-        fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
+        *fake.padded_stats(b, h_q),
         fake.accumulator(b, h_q),
         fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM), fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM_V),
         Float32(1.0), Float32(1.0),
