@@ -186,7 +186,8 @@ def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stage
         + do_stages * tile_m * dv * elem  # dO
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
         + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
-        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ tiles in fp32, reduced by TMA
+        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
+        + (2 * q_stages * tile_m * 4 if swap and not spec.varlen else 0)  # Sᵀ: LSE2/D per Q stage
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
 
@@ -217,10 +218,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # head dims <= 64 leave room for 128 query rows per step (64 per warpgroup: S, dP and dQ split by
     # rows), which halves the per-step overheads and the smem traffic per flop (FA3 does the same)
     tile_m = 128 if max(d, dv) <= 64 and spec.pipeline.bwd_swap_ab is not True else 64
-    # Sᵀ with P/dS in registers is opt-in: on the H200 it measured slower than S with P and dS through
-    # shared memory (session 5, s2k/s8k: d64 0.75-0.79x vs 0.85-0.86x flash-attn-4, d128 0.82-0.85x vs
-    # 0.82-0.89x; docs/PERF.md), ~2% faster at d128 since session 6's spill fix
-    swap = spec.pipeline.bwd_swap_ab is True
+    # Sᵀ with P/dS in registers: by default for 64 < d <= 128 (FA3's / flash-attn-4's choice there). On the
+    # H200 it measured ~2% faster than S with P and dS through shared memory at d128 (session 6, before
+    # its statistics moved to shared memory and its 80-row tiles); at d64 the default's 128-row step
+    # wins by ~10% (docs/PERF.md)
+    swap = spec.pipeline.bwd_swap_ab is True or (spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128)
     if swap and spec.mask.kind == "none" and not spec.varlen and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
