@@ -224,7 +224,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # H200 it measured ~2% faster than S with P and dS through shared memory at d128 (session 6, before
     # its statistics moved to shared memory and its 80-row tiles); at d64 the default's 128-row step
     # wins by ~10% (docs/PERF.md)
-    swap = spec.pipeline.bwd_swap_ab is True or (spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128)
+    # (not with varlen yet: there its statistics still go by shuffle, and it was never measured)
+    swap = spec.pipeline.bwd_swap_ab is True or (
+        spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128 and not spec.varlen
+    )
     if swap and spec.mask.kind == "none" and not spec.varlen and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
