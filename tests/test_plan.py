@@ -543,6 +543,7 @@ def test_backward_swap_ab_choices_and_limits():
     assert (bwd((128, None), none, {}).swap_sdp, bwd((128, None), none, {}).tile_m) == (True, 80)
     assert (bwd((128, None), causal, {}).swap_sdp, bwd((128, None), causal, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {}, varlen=True).swap_sdp  # auto: not with varlen (yet)
+    assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
     assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 64
     assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp

@@ -228,11 +228,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     swap = spec.pipeline.bwd_swap_ab is True or (
         spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128 and not spec.varlen
     )
-    if swap and spec.mask.kind == "none" and not spec.varlen and 96 < max(d, dv) <= 128:
+    if swap and spec.mask.kind == "none" and not spec.varlen and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
         # Kᵀ·dSᵀ) since WGMMA rows come in 64s. It fits the registers only with the per-query
-        # statistics in shared memory (bulk-copied with Q), which varlen does not do yet
+        # statistics in shared memory (bulk-copied with Q), which varlen does not do yet; softcap's extra
+        # factor (P·(1 - tanh²) in bf16) spilled 5 registers in the loop (CPU SASS), so 64 rows there
         tile_m = 80
     if swap and tile_n != 128:
         problems.append(problem(
