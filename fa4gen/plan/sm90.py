@@ -186,7 +186,7 @@ def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stage
         + do_stages * tile_m * dv * elem  # dO
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
         + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
-        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ tiles in fp32, reduced by TMA
+        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
 
@@ -255,7 +255,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         f"{'dS' if swap else 'P/dS'} {pds_stages}, dQ buffers {dq_buffers} (the most that fit {SMEM_BUDGET} bytes)",
         "Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" if swap else
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
-        "dQ: fp32 tiles reduced into global memory by TMA (cp.reduce.async.bulk), converted by the postprocess",
+        "dQ: fp32 tiles in fragment order, reduced into global memory by bulk reduce (cp.reduce.async.bulk), "
+        "put in place by the postprocess",
     ]
     if spec.varlen:
         notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
