@@ -225,8 +225,10 @@ class FakeKernels:
         dtype = q.dtype
         assert (out.shape, dout.shape, out.dtype, dout.dtype) == ((b, s_q, h, d_v),) * 2 + (dtype,) * 2
         assert dout.is_contiguous() and dlse.is_contiguous()
-        for t in (lse, dlse, lse_log2, dpsum):
+        for t in (lse, dlse):
             assert t.shape == (b, h, s_q) and t.dtype == torch.float32
+        for t in (lse_log2, dpsum):  # per query tile, padded (the preprocess writes the padding)
+            assert t.shape == (b, h, math.ceil(s_q / plan["tile_m"]) * plan["tile_m"]) and t.dtype == torch.float32
         for t, like in ((dq, q), (dk, k), (dv, v)):
             assert t.shape == like.shape and t.dtype == dtype and t.is_contiguous()
         # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it; every

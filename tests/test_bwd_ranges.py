@@ -120,3 +120,23 @@ def test_causal_bit_mask_keeps_exactly_the_columns_below_the_limit():
             for c, col in enumerate(cols):
                 bits = tiling.prefix_bits(keep - 32 * (c // 32))
                 assert ((bits >> (c % 32)) & 1) == (col < limit), (n_cols, limit, c)
+
+
+def test_transposed_causal_bit_mask_keeps_exactly_the_queries_the_compare_keeps():
+    """mask.apply_mask_by_key, causal only: a key row keeps a suffix of the thread's query columns
+    (thread 0's view 0, 1, 8, 9, ...), taken from one Int32 bit mask per 32 columns: ~prefix_bits of the
+    dropped prefix (`dropped_prefix`: the columns below lo, or all for a key past seqlen_k). It must keep
+    exactly what the per-element compare on the relative bounds keeps."""
+    kw = dict(causal=True, local=False, chunked=False)
+    for n_cols in (16, 20, 32, 64):
+        cols = [8 * (c // 2) + c % 2 for c in range(n_cols)]
+        for seqlen_q, seqlen_k in ((128, 128), (1000, 255), (40, 300)):
+            for base in (seqlen_k - seqlen_q + off for off in (-200, -64, 0, 37, 64, 300)):
+                for key in range(0, seqlen_k + 3, 7):
+                    klo, khi = tiling.key_bounds(key, seqlen_k, -1, -1, 1, **kw)
+                    lo, hi = tiling.relative_bounds(klo, khi, base)
+                    drop = tiling.dropped_prefix(lo, hi, n_cols)
+                    for c, q in enumerate(cols):
+                        bits = ~tiling.prefix_bits(drop - 32 * (c // 32))
+                        assert ((bits >> (c % 32)) & 1) == (lo <= q < hi), (n_cols, seqlen_q, seqlen_k, base, key, c)
+

@@ -8,6 +8,8 @@ column). That is right only if, for every thread and accumulator element i:
   * the coordinate of element i in the two-warpgroup dQ GEMM the main kernel runs (atoms and DQ_N from
     `sm90.dq_split`) equals the coordinate the postprocess gives it: the one-warpgroup (64, DQ_N)
     fragment's, shifted by `sm90.chunk_origin` of the thread's warpgroup;
+  * `sm90.chunk_position` puts element (r, c) of a chunk where the GEMM computed it — transposed back
+    for dQᵀ (80-row tiles: head-dim rows, query columns) — inside the (tile_m, head_dim) tile;
   * a warpgroup's chunk covers its (64, DQ_N) share exactly once.
 The layouts are static, so tracing on the CPU evaluates every coordinate exactly (sampled threads: all
 of warp 0 and of the last warp, and every 5th thread).
@@ -43,7 +45,8 @@ def _check(head_dim: int, tile_m: int, seen: dict):
     chunk = cute.make_identity_tensor((64 * dq_n,))
     for tid in THREADS:
         w, t = tid // 128, tid % 128
-        main = _coords(two.get_slice(tid).partition_C(cute.make_identity_tensor((tile_m, head_dim))))
+        out_tile = (head_dim, tile_m) if sm90.dq_transposed(tile_m) else (tile_m, head_dim)
+        main = _coords(two.get_slice(tid).partition_C(cute.make_identity_tensor(out_tile)))
         post = _coords(one.get_slice(t).partition_C(cute.make_identity_tensor((64, dq_n))))
         r0, c0 = sm90.chunk_origin(w, tile_m, dq_n)
         assert len(main) == len(post) == 64 * dq_n // 128
@@ -51,10 +54,14 @@ def _check(head_dim: int, tile_m: int, seen: dict):
         view = sm90.chunk_view(chunk, t)
         offsets = [int(view[i][0] if isinstance(view[i], tuple) else view[i]) for i in range(cute.size(view))]
         assert offsets == [512 * (i // 4) + 4 * t + i % 4 for i in range(len(post))], (head_dim, tile_m, tid)
-        seen[(head_dim, tile_m, w)].update(zip(offsets, post))
+        positions = [tuple(int(x) for x in sm90.chunk_position(w, r, c, tile_m, dq_n)) for r, c in post]
+        assert all(0 <= q < tile_m and 0 <= col < head_dim for q, col in positions)
+        # dQ's (query, column) is the GEMM output's coordinate, transposed back for dQᵀ
+        assert positions == [(c, r) if sm90.dq_transposed(tile_m) else (r, c) for r, c in main]
+        seen[(head_dim, tile_m, w)].update(zip(offsets, positions))
 
 
-@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64)])
+@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64), (128, 80)])
 def test_dq_chunk_round_trip(head_dim, tile_m):
     seen = {(head_dim, tile_m, w): set() for w in (0, 1)}
 

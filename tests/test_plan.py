@@ -514,14 +514,15 @@ def test_plans_are_deterministic(spec):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_plan_fits_the_budgets(dims, deterministic):
     """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
-    estimate stays within setmaxnreg; Sᵀ (P in registers) only when asked for (measured slower)."""
+    estimate stays within setmaxnreg; Sᵀ (P in registers) by default for 64 < d <= 128 only."""
     spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
     *_, fwd, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
     assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
     assert fwd.write_lse  # the backward needs the forward's LSE
     assert bwd.deterministic == deterministic
     assert bwd.tile_n == (128 if max(spec.head_dim, spec.head_dim_v) <= 128 else 64)
-    assert not bwd.swap_sdp
+    assert bwd.swap_sdp == (64 < max(spec.head_dim, spec.head_dim_v) <= 128)
+    assert bwd.tile_m == (128 if max(spec.head_dim, spec.head_dim_v) <= 64 else 64)  # causal: no 80-row tile
     for budget in bwd.budgets:
         assert budget.used <= budget.limit, budget.line()
     assert bwd.smem_bytes <= 227 * 1024 and min(bwd.q_stages, bwd.do_stages, bwd.pds_stages) >= 1
@@ -532,8 +533,24 @@ def test_no_backward_plan_without_backward():
     assert [p.direction for p in plan_kernels(spec, "sm90")] == ["fwd"]
 
 
-def test_backward_swap_ab_is_opt_in_and_needs_small_head_dims():
-    on = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "none"}, {"bwd_swap_ab": True}, backward=True))
-    assert plan_kernels(on, "sm90")[1].swap_sdp
-    err = _plan_error(_spec_dict(0, (256, None), "bf16", {"kind": "none"}, {"bwd_swap_ab": True}, backward=True))
+def test_backward_swap_ab_choices_and_limits():
+    """Sᵀ: auto at 64 < d <= 128 without varlen (80 query rows without a mask), off at d <= 64 unless
+    asked for (then 128 query rows, not with varlen), refused above 128."""
+    def bwd(dims, mask, pipe, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", mask, pipe, backward=True, **kw)), "sm90")[-1]
+
+    none, causal = {"kind": "none"}, {"kind": "causal"}
+    assert (bwd((128, None), none, {}).swap_sdp, bwd((128, None), none, {}).tile_m) == (True, 80)
+    assert (bwd((128, None), causal, {}).swap_sdp, bwd((128, None), causal, {}).tile_m) == (True, 64)
+    assert not bwd((128, None), none, {}, varlen=True).swap_sdp  # auto: not with varlen (yet)
+    assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
+    assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 64
+    assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
+    assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp
+    assert (bwd((64, None), none, {}).swap_sdp, bwd((64, None), none, {}).tile_m) == (False, 128)
+    # d64 Sᵀ (opt-in): flash-attn-4's 128 x 128 tile; 64 query rows with varlen (statistics by shuffle)
+    assert (bwd((64, None), none, {"bwd_swap_ab": True}).swap_sdp, bwd((64, None), none, {"bwd_swap_ab": True}).tile_m) == (True, 128)
+    assert bwd((64, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 64
+    assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64
+    err = _plan_error(_spec_dict(0, (256, None), "bf16", none, {"bwd_swap_ab": True}, backward=True))
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]

@@ -8,7 +8,12 @@ the cached object is corrupted. The SASS summarizer is also tested on hand-writt
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +132,43 @@ def _key(arch: str, tag: str) -> str:
 
 
 needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm not installed")
+
+
+needs_cc = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler")
+
+
+@pytest.mark.compile
+@needs_cc
+def test_cache_hit_loads_the_shared_library_without_cutlass(tmp_path, monkeypatch):
+    """A miss stores the object linked as a shared library (and the runtime libraries it needs); a
+    fresh process loads a hit through tvm_ffi without importing cutlass. A shared library that does
+    not load falls back to JIT-linking the object, with a warning."""
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    cache, key = DiskCache(), _key("sm_90a", "add_shared")
+    first = aot.compile_kernel(build_fn=_build_add, arch="sm_90a", name="add", cache=cache, key=key, keep_sass=False)
+    entry = cache.get(key)
+    assert aot.SHARED_FILE in entry.meta["files"] and entry.meta["runtime_libs"]
+    assert all(Path(lib).is_file() for lib in entry.meta["runtime_libs"])
+    assert not first.cache_hit
+    child = (
+        "import sys, time, torch\n"
+        "from pathlib import Path\n"
+        "from fa4gen.compile import aot\n"
+        "from fa4gen.compile.cache import DiskCache\n"
+        f"entry = DiskCache(Path({str(tmp_path / 'cache')!r})).get({key!r})\n"
+        "t = time.perf_counter(); fn = aot.load_cached(entry); ms = (time.perf_counter() - t) * 1e3\n"
+        "print(type(fn).__name__, 'cutlass' in sys.modules, f'{ms:.1f}')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    kind, imported, ms = out.stdout.split()
+    print(f"shared-library load in a fresh process (torch imported): {ms} ms")
+    assert (kind, imported) == ("Function", "False")
+    # a broken (but recorded) shared library: the object is JIT-linked instead
+    cache.put(key, entry.artifact_path.read_bytes(), {**entry.meta}, extras={aot.SHARED_FILE: b"not a library"})
+    with pytest.warns(FA4GenCacheWarning, match="shared library does not load"):
+        assert callable(aot.load_cached(cache.get(key)))
 
 
 @pytest.mark.compile

@@ -453,9 +453,10 @@ class ForwardOp:
         # back (at most ceil(total / tile) + sequences)
         q_tiles = -(-s_q // plan["tile_m"]) + (packed.batch if packed is not None else 0)
         check_dq_accumulator(q_tiles * plan["tile_m"], q.shape[-1])
+        stats_shape = (b, h, q_tiles * plan["tile_m"])  # padded to whole tiles (the preprocess fills the padding)
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
-                   torch.empty(lse.shape, **f32),  # lse_log2
-                   torch.empty(lse.shape, **f32),  # dpsum
+                   torch.empty(stats_shape, **f32),  # lse_log2
+                   torch.empty(stats_shape, **f32),  # dpsum
                    # dq_accum: every query tile as flat chunks in the kernel's fragment order (the
                    # preprocess zeroes it, the postprocess puts the values in place)
                    torch.empty((b, h, q_tiles * plan["tile_m"] * q.shape[-1]), **f32)]

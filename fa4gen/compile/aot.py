@@ -22,6 +22,12 @@ What CuTe-DSL 4.8.1 does, and what this module relies on:
   ``tvm_ffi.Function`` that keeps the engine alive. Objects exported under the same name
   load side by side. FA4 preloads the runtime libraries with ``RTLD_GLOBAL`` against
   undefined symbols; we do the same once (not needed on 4.8.1 CPU-only in our tests).
+* The JIT link takes ~100 ms per kernel on the H200 host (and needs ``import cutlass``, 2-3 s
+  per process there). So a miss also links the object into a shared library with the system C
+  compiler (``cc -shared``: the object is position-independent) and records the runtime
+  libraries' paths; a hit then preloads those (``RTLD_GLOBAL``) and ``tvm_ffi.load_module``s the
+  library — a ``dlopen``, no cutlass import. Without a C compiler, or if that load fails, the
+  object is JIT-linked as before.
 """
 
 from __future__ import annotations
@@ -29,7 +35,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import inspect
+import os
 import re
+import shlex
+import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -45,6 +55,7 @@ from fa4gen.compile.sass import disassemble, resource_usage, summarize_sass
 #: Symbol every kernel is exported under; one object holds one kernel, so it never clashes.
 EXPORT_NAME = "fa4gen_kernel"
 SASS_FILE = "kernel.sass"
+SHARED_FILE = "artifact.so"  # the object linked as a shared library (when a C compiler is there)
 
 _ARCH_RE = re.compile(r"^sm_(?P<sm>\d+)(?P<suffix>[af]?)$")
 _COMPILE_LOCK = threading.RLock()
@@ -109,13 +120,74 @@ def _preload_runtime() -> None:
     _runtime_preloaded = True
 
 
+def runtime_libraries() -> list[str]:
+    """The CuTe-DSL runtime libraries an exported kernel links against (imports cutlass)."""
+    import cutlass.cute as cute
+
+    return [str(Path(p).resolve()) for p in cute.runtime.find_runtime_libraries(enable_tvm_ffi=False)]
+
+
+def link_shared(obj: bytes) -> bytes | None:
+    """``obj`` linked as a shared library by the system C compiler (``$CC``, else cc / gcc / clang),
+    or None when there is none or it fails (the cache then keeps the object only)."""
+    cc = shlex.split(os.environ.get("CC", "")) or [next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), "")]
+    if not cc[0] or not shutil.which(cc[0]):
+        return None
+    with tempfile.TemporaryDirectory(prefix="fa4gen-so-") as tmp:
+        src, out = Path(tmp) / "artifact.o", Path(tmp) / SHARED_FILE
+        src.write_bytes(obj)
+        try:
+            done = subprocess.run([*cc, "-shared", "-o", str(out), str(src)], capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.read_bytes() if done.returncode == 0 and out.is_file() else None
+
+
+_preloaded_paths: set[str] = set()
+
+
+def _load_shared(entry: Entry) -> Callable[..., Any] | None:
+    """The entry's shared library through ``tvm_ffi`` (no cutlass import), or None if it has none or
+    its runtime libraries are gone (e.g. another environment)."""
+    libs = entry.meta.get("runtime_libs") or []
+    if SHARED_FILE not in entry.meta.get("files", {}) or not libs or not all(Path(p).is_file() for p in libs):
+        return None
+    import tvm_ffi
+
+    for lib in libs:
+        if lib not in _preloaded_paths:
+            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            _preloaded_paths.add(lib)
+    return tvm_ffi.load_module(str(entry.file(SHARED_FILE))).get_function(EXPORT_NAME)
+
+
 def load_cached(entry: Entry) -> Callable[..., Any]:
-    """The kernel stored in ``entry`` as a callable ``tvm_ffi.Function``."""
+    """The kernel stored in ``entry`` as a callable ``tvm_ffi.Function``: its shared library when it
+    has one (a dlopen), else the object JIT-linked by CuTe-DSL."""
+    try:
+        function = _load_shared(entry)
+    except Exception as err:  # noqa: BLE001 - the object below is the fallback
+        warnings.warn(f"fa4gen: {entry.key}'s shared library does not load ({err}); JIT-linking its object",
+                      FA4GenCacheWarning, stacklevel=2)
+        function = None
+    if function is not None:
+        return function
     import cutlass.cute as cute
 
     _preload_runtime()
     module = cute.runtime.load_module(str(entry.artifact_path), enable_tvm_ffi=True)
     return getattr(module, EXPORT_NAME)
+
+
+def _cache_extras(obj: bytes, sass_text: str | None, meta: dict) -> dict[str, bytes | str]:
+    """Side files stored with a kernel: its SASS (when computed) and its shared library (when a C
+    compiler links it; the runtime libraries it needs go into ``meta``)."""
+    extras: dict[str, bytes | str] = {SASS_FILE: sass_text} if sass_text is not None else {}
+    shared = link_shared(obj)
+    if shared is not None:
+        extras[SHARED_FILE] = shared
+        meta["runtime_libs"] = runtime_libraries()
+    return extras
 
 
 def export_object(compiled: Any, path: Path) -> None:
@@ -192,7 +264,7 @@ def compile_kernel(
     meta, sass_text = inspect_object(obj, arch=arch, keep_sass=keep_sass)
     meta.update(name=name, arch=arch, compile_seconds=round(seconds, 3))
     if use_cache:
-        extras = {SASS_FILE: sass_text} if sass_text is not None else None
+        extras = _cache_extras(obj, sass_text, meta)
         try:
             meta = cache.put(key, obj, meta, extras=extras).meta
         except OSError as err:
@@ -230,7 +302,7 @@ def _try_hit(cache: DiskCache, key: str, *, arch: str, name: str, keep_sass: boo
             fresh, sass_text = inspect_object(obj, keep_sass=True)
             meta = {**meta, **fresh}
             with contextlib.suppress(OSError):
-                meta = cache.put(key, obj, meta, extras={SASS_FILE: sass_text}).meta
+                meta = cache.put(key, obj, meta, extras=_cache_extras(obj, sass_text, meta)).meta
     return CompileResult(
         name=name, arch=arch, seconds=seconds, cache_hit=True, key=key,
         meta=meta, function=function, sass_text=sass_text,

@@ -43,7 +43,8 @@ def _thread_row():
 
 
 class Preprocess:
-    """D and LSE2 of every query row (one launch before the main backward kernel); it also zeroes the
+    """D and LSE2 of every query row (one launch before the main backward kernel; both (batch, heads,
+    s_pad) with the rows past seqlen_q, up to whole query tiles, set to 0 / +inf); it also zeroes the
     fp32 dQ accumulator, so no separate fill runs before the main kernel. The accumulator is (batch,
     heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles padded, in whatever
     order the main kernel keeps them): the grid covers n / head_dim rows of head_dim floats."""
@@ -95,6 +96,10 @@ class Preprocess:
             if lse != -Float32.inf:
                 lse2 = lse * LOG2_E
             mLSE2[batch, head, row] = lse2
+        elif row < mLSE2.shape[2] and lane4 == 0:
+            # the padding to whole query tiles (read by tile in the Sᵀ backward): no query there, P = 0
+            mD[batch, head, row] = Float32(0.0)
+            mLSE2[batch, head, row] = Float32.inf
 
 
 class Convert:

@@ -30,6 +30,15 @@ def accumulator(b, h):
     return runtime.make_fake_compact_tensor(Float32, (b, h, n), stride_order=(2, 1, 0), assumed_align=16)
 
 
+def padded_stats(b, h):
+    """The backward's fp32 (batch, heads, s_pad) LSE2 and D, s_pad = seqlen_q rounded up to whole query tiles
+    (a multiple of 16: 16-byte aligned rows for bulk copies), contiguous; one symbolic s_pad for both."""
+    s = cute.sym_int(divisibility=16)
+    return tuple(
+        runtime.make_fake_compact_tensor(Float32, (b, h, s), stride_order=(2, 1, 0), assumed_align=16) for _ in range(2)
+    )
+
+
 def semaphores(b, h, n):
     """A zeroed int32 (batch, heads, blocks) counter array of the deterministic backward, contiguous."""
     return runtime.make_fake_compact_tensor(Int32, (b, h, n), stride_order=(2, 1, 0), assumed_align=4)

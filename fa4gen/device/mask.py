@@ -119,10 +119,11 @@ def apply_mask(
                 s[r, c] = -Float32.inf if col >= hi else s[r, c]
 
 
-def _fragment_columns(coords0: cute.Tensor, n_cols: int) -> bool:
-    """Whether thread 0's columns are the SM90 accumulator's pattern 0, 1, 8, 9, 16, 17, ... (two
-    adjacent columns every 8), known at trace time."""
-    cols = [coords0[0, c][1] for c in range(n_cols)]
+def _fragment_columns(coords0: cute.Tensor, n_cols: int, mode: int = 1) -> bool:
+    """Whether thread 0's columns (coordinate `mode` of each: 1 = key, 0 = query for a transposed tile)
+    are the SM90 accumulator's pattern 0, 1, 8, 9, 16, 17, ... (two adjacent columns every 8), known at
+    trace time."""
+    cols = [coords0[0, c][mode] for c in range(n_cols)]
     return all(isinstance(col, int) for col in cols) and cols == [8 * (c // 2) + c % 2 for c in range(n_cols)]
 
 
@@ -139,6 +140,14 @@ def prefix_bits(n: Int32) -> Int32:
     """The low n bits set (n <= 0: none, n >= 32: all)."""
     m = cutlass.max(cutlass.min(n, 32), 0)
     return Int32(-1) if m == 32 else (Int32(1) << m) - 1
+
+
+@cute.jit
+def dropped_prefix(lo: Int32, hi: Int32, n_cols: cutlass.Constexpr[int]) -> Int32:
+    """How many of a thread's fragment columns (0, 1, 8, 9, ... as thread 0 sees them) a transposed
+    causal tile masks for one key row whose kept queries are [lo, hi) in those indices, with hi either
+    past the tile or <= lo (a key past seqlen_k): the columns below lo, or all of them."""
+    return n_cols if hi <= lo else kept_prefix(lo, n_cols)
 
 
 @cute.jit
@@ -314,7 +323,9 @@ def apply_mask_by_key(
     """`apply_mask` for a transposed tile (the backward's Sᵀ = K·Qᵀ): `s` and `coords` are
     (key, query) views holding (query, key) coordinates; row_offset places the queries, col_offset
     the keys. Bounds come per key row (`key_bounds`), so a thread evaluates them once per key;
-    `coords0` as in `apply_mask` (thread 0's coordinates: compile-time query offsets)."""
+    `coords0` as in `apply_mask` (thread 0's coordinates: compile-time query offsets). Causal only: a
+    key row keeps a suffix of its queries, taken from one bit mask per 32 columns (`dropped_prefix`;
+    tests/test_bwd_ranges.py checks the bits against the compare)."""
     shift = Int32(0)
     if cutlass.const_expr(coords0 is None):
         coords0 = coords
@@ -322,6 +333,23 @@ def apply_mask_by_key(
         shift = coords[0, 0][0] - coords0[0, 0][0]
     # key-space position of thread 0's query index 0, shifted by this thread's offset
     base = pos_shift + row_offset + shift
+    n_cols = cute.size(s, mode=[1])
+    if cutlass.const_expr(causal and not local and not chunked and coords0 is not coords
+                          and _fragment_columns(coords0, n_cols, mode=0)):
+        # causal only, on an MMA fragment: a key row keeps a suffix of its query columns, so one bit
+        # mask per 32 columns (kept = the bits above the dropped prefix) replaces a compare per element
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            lo, hi = key_bounds(
+                coords[r, 0][1] + col_offset, seqlen_k, window_left, window_right, chunk,
+                causal=causal, local=local, chunked=chunked,
+            )
+            lo, hi = relative_bounds(lo, hi, base)
+            drop = dropped_prefix(lo, hi, n_cols)
+            for w in cutlass.range_constexpr((n_cols + 31) // 32):
+                bits = ~prefix_bits(drop - 32 * w)
+                for c in cutlass.range_constexpr(32 * w, min(32 * w + 32, n_cols)):
+                    s[r, c] = s[r, c] if (bits >> (c - 32 * w)) & 1 else -Float32.inf
+        return
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         lo, hi = key_bounds(
             coords[r, 0][1] + col_offset, seqlen_k, window_left, window_right, chunk,

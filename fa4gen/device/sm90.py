@@ -46,15 +46,33 @@ CHUNK_THREADS = 128
 CHUNK_VEC = 4  # fp32 per 128-bit store
 
 
+def dq_transposed(tile_m: int) -> bool:
+    """Whether the backward computes dQᵀ = Kᵀ·dSᵀ (head-dim rows, query columns): when tile_m is not a
+    multiple of 64, the WGMMA row granule (80-row tiles)."""
+    return tile_m % 64 != 0
+
+
 def dq_split(head_dim: int, tile_m: int) -> tuple[tuple[int, int, int], int]:
-    """(WGMMA atom layout, DQ_N) of the backward's dQ = dS·K over two consumer warpgroups: by query
-    rows (64 each, DQ_N = head_dim) when tile_m is 128, else by columns (DQ_N = head_dim / 2)."""
-    return ((2, 1, 1), head_dim) if tile_m == 128 else ((1, 2, 1), head_dim // 2)
+    """(WGMMA atom layout, DQ_N) of the backward's dQ GEMM over two consumer warpgroups, each holding a
+    (64, DQ_N) fp32 chunk: dQ by query rows (64 each, DQ_N = head_dim) when tile_m is 128; dQᵀ by
+    head-dim rows (64 each, DQ_N = tile_m) when `dq_transposed`; else dQ by columns (DQ_N = head_dim / 2)."""
+    if tile_m == 128:
+        return (2, 1, 1), head_dim
+    if dq_transposed(tile_m):
+        return (2, 1, 1), tile_m
+    return (1, 2, 1), head_dim // 2
 
 
 def chunk_origin(w, tile_m: int, dq_n: int):
-    """(row, column) in the (tile_m, head_dim) dQ tile where warpgroup w's (64, DQ_N) share starts."""
-    return (64 * w, 0) if tile_m == 128 else (0, dq_n * w)
+    """(row, column) in the dQ GEMM's output tile — (tile_m, head_dim), or (head_dim, tile_m) for dQᵀ —
+    where warpgroup w's (64, DQ_N) chunk starts."""
+    return (64 * w, 0) if tile_m == 128 or dq_transposed(tile_m) else (0, dq_n * w)
+
+
+def chunk_position(w, r, c, tile_m: int, dq_n: int):
+    """(query row in the tile, head-dim column) of element (r, c) of warpgroup w's chunk."""
+    r0, c0 = chunk_origin(w, tile_m, dq_n)
+    return (c + c0, r + r0) if dq_transposed(tile_m) else (r + r0, c + c0)
 
 
 def chunk_copy() -> cute.TiledCopy:
@@ -84,9 +102,30 @@ def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=
     )
 
 
+@dsl_user_op
+def load_bulk(smem: cute.Pointer, gmem: cute.Pointer, nbytes: int, mbar: cute.Pointer, *, loc=None, ip=None):
+    """smem[0:nbytes] = gmem[0:nbytes], one bulk asynchronous copy (one thread issues it) completing as
+    transaction bytes on the mbarrier `mbar` (whose expected count must include nbytes). Both addresses
+    16-byte aligned, nbytes a multiple of 16."""
+    llvm.inline_asm(
+        None,
+        [
+            smem.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+            gmem.llvm_ptr,
+            Int32(nbytes).ir_value(loc=loc, ip=ip),
+            mbar.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip),
+        ],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 class ConvertChunks:
     """dQ = scale * its fp32 accumulator, which holds every (tile_m x head_dim) query tile as two chunks
-    (one per consumer warpgroup: rows 64w.. when tile_m is 128, else columns dq_n w..) in fragment order.
+    (one per consumer warpgroup, `dq_split` / `chunk_position`) in fragment order.
     One CTA of 2 warpgroups per (tile, head, batch); with `varlen`, tiles are numbered over the packed
     sequences as `varlen.tile_of` does and the row offsets come from cu_seqlens."""
 
@@ -124,9 +163,9 @@ class ConvertChunks:
         vals = cute.make_rmem_tensor(src.shape, Float32)
         cute.autovec_copy(src, vals)
         coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((64, self.dq_n)))
-        r0, col0 = chunk_origin(w, self.tile_m, self.dq_n)
-        row0 = m_block * self.tile_m + r0
         for i in cutlass.range_constexpr(cute.size(vals)):
             r, c = coords[i]
-            if row0 + r < seqlen:
-                mdQ[batch, offset + row0 + r, head, col0 + c] = (vals[i] * scale).to(mdQ.element_type)
+            row, col = chunk_position(w, r, c, self.tile_m, self.dq_n)
+            row = m_block * self.tile_m + row
+            if row < seqlen:
+                mdQ[batch, offset + row, head, col] = (vals[i] * scale).to(mdQ.element_type)

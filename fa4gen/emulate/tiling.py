@@ -108,6 +108,11 @@ def prefix_bits(n):
     return -1 if m == 32 else i32((1 << m) - 1)
 
 
+def dropped_prefix(lo, hi, n_cols):
+    """mask.dropped_prefix: the fragment columns a transposed causal key row masks (below lo, or all)."""
+    return n_cols if hi <= lo else kept_prefix(lo, n_cols)
+
+
 def relative_bounds(lo, hi, base):
     """mask.relative_bounds in Int32 arithmetic: [lo, hi) as offsets from `base`, clamped."""
     first, last = i32(base - 1), i32(base + TILE_SPAN)

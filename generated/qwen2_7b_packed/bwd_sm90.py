@@ -48,6 +48,8 @@ DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 ROW_SPLIT = TILE_M == 128
 SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
 DQ_ATOMS, DQ_N = hopper.dq_split(HEAD_DIM, TILE_M)
+DQ_T = hopper.dq_transposed(TILE_M)  # 80-row tiles: dQᵀ = Kᵀ·dSᵀ, chunks of 64 head-dim rows x TILE_M queries
+STAT_SETS = (TILE_M + 63) // 64  # Sᵀ: per-query statistics held 2 per lane per 64 queries
 MASK = dict(causal=True, local=False, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
@@ -85,6 +87,12 @@ def _qk(t: cute.Tensor) -> cute.Tensor:
 def _t(t: cute.Tensor) -> cute.Tensor:
     """The transposed view (first two modes swapped) of a staged smem tensor."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0, 2]))
+
+
+def _stat(c: int) -> int:
+    """Sᵀ: column c of a thread's fragment is query q = 8 (c // 2) + 2 (lane % 4) + c % 2 of the block, whose
+    statistics lane (q % 64) // 2 = 4 (c // 2 % 8) + lane % 4 holds as element 2 (q // 64) + c % 2."""
+    return 2 * (c // 16) + c % 2
 
 
 class FlashBwdSm90:
@@ -145,7 +153,7 @@ class FlashBwdSm90:
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, DQ_N, 1)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else DQ_N, 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_M, TILE_N, 64, PDS_STAGES)
         sdQ_layout = cute.make_layout((64 * DQ_N, DQ_BUFS))  # one warpgroup's dQ chunk per buffer (flat)
@@ -349,7 +357,7 @@ class FlashBwdSm90:
             acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C((TILE_M, TILE_N)))
             acc_dK = thr_dk.make_fragment_C(thr_dk.partition_shape_C((TILE_N, HEAD_DIM)))
             acc_dV = thr_dv.make_fragment_C(thr_dv.partition_shape_C((TILE_N, HEAD_DIM_V)))
-            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((TILE_M, HEAD_DIM)))
+            acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((HEAD_DIM, TILE_M) if DQ_T else (TILE_M, HEAD_DIM)))
             acc_dK.fill(0.0)
             acc_dV.fill(0.0)
             s_rc = frag.rows_cols(acc_S)
@@ -594,7 +602,7 @@ def fake_arguments():
         fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
         fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM), fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM),
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V),
-        fake.bhs_lse(b, h_q, s_q), fake.bhs_lse(b, h_q, s_q),
+        *fake.padded_stats(b, h_q),
         fake.accumulator(b, h_q),
         fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM), fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM_V),
         *fake.cu_seqlens(),
