@@ -38,6 +38,9 @@ SPECS = {
                                          pipeline={"bwd_swap_ab": True}),
     # Sᵀ without a mask at d128: 80 query rows per step, dQᵀ = Kᵀ·dSᵀ (chunks of 64 head-dim rows x 80)
     "gb_bf16_d128_none_gqa_swap80": dict(dtype="bf16", head_dim=128, pipeline={"bwd_swap_ab": True}),
+    # opt-in Sᵀ at d64: 128 query rows per step (flash-attn-4's d64 tile)
+    "gb_bf16_d64_causal_mha_swap128": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, allow_gqa=False,
+                                           pipeline={"bwd_swap_ab": True}),
     "gb_fp16_d64_window_softcap_det_swap": dict(dtype="fp16", head_dim=64, softcap=20.0, deterministic=True,
                                                 mask={"kind": "sliding_window", "left": 100, "right": 20},
                                                 pipeline={"bwd_swap_ab": True}),

@@ -551,5 +551,6 @@ def test_backward_swap_ab_choices_and_limits():
     # d64 Sᵀ (opt-in): flash-attn-4's 128 x 128 tile, varlen too
     assert (bwd((64, None), none, {"bwd_swap_ab": True}).swap_sdp, bwd((64, None), none, {"bwd_swap_ab": True}).tile_m) == (True, 128)
     assert bwd((64, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 128
+    assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64
     err = _plan_error(_spec_dict(0, (256, None), "bf16", none, {"bwd_swap_ab": True}, backward=True))
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]

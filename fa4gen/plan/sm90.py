@@ -218,8 +218,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # head dims <= 64 leave room for 128 query rows per step (64 per warpgroup: S, dP and dQ split by
     # rows), which halves the per-step overheads and the smem traffic per flop (FA3 does the same)
     # (with Sᵀ too, flash-attn-4's d64 tile: Sᵀ/dPᵀ 64 x 128 per warpgroup next to 32 + 32 dK/dV registers;
-    # its statistics come through shared memory, bulk-copied with Q)
-    tile_m = 128 if max(d, dv) <= 64 else 64
+    # its statistics come through shared memory, bulk-copied with Q; with softcap the Sᵀ loop's extra
+    # P·(1 - tanh²) factor spilled at 128 rows: 64 there)
+    swap_asked = spec.pipeline.bwd_swap_ab is True
+    tile_m = 128 if max(d, dv) <= 64 and not (swap_asked and spec.softcap) else 64
     # Sᵀ with P/dS in registers: by default for 64 < d <= 128 (FA3's / flash-attn-4's choice there). On the
     # H200 it measured ~2% faster than S with P and dS through shared memory at d128 (session 6, before
     # its statistics moved to shared memory and its 80-row tiles); at d64 the default's 128-row step
