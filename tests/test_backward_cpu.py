@@ -534,3 +534,14 @@ def test_out_is_part_of_the_signature(build_pkg, monkeypatch):
     with pytest.raises(TypeError, match="^out: expected a torch.Tensor"):
         pkg.attention(q, k, v, out=want.tolist())
     assert counts["launch"] == 3
+
+
+def test_backward_refuses_a_dq_accumulator_past_32_bit_offsets():
+    """The backward's dQ accumulator (per batch and head: query rows padded to whole tiles x head_dim
+    fp32) is addressed with 32-bit offsets; a call that would overflow them is refused by name."""
+    from fa4gen.api.runtime import check_dq_accumulator
+
+    check_dq_accumulator(2**31 // 256 - 64, 256)  # the largest tile-padded row count that fits
+    with pytest.raises(ValueError, match=r"q: the backward supports up to 8388607 query rows .* head_dim 256"):
+        check_dq_accumulator(2**31 // 256, 256)
+

@@ -8,7 +8,8 @@ are compared against each other (max abs difference) so a fast wrong kernel show
 
 --bwd adds the backward through autograd (out.backward(dout) alone, as tools/bench_fwd.py times it;
 bwd TFLOP/s = 2.5 × the forward FLOPs / time) of a `backward: true` varlen spec (MHA) next to
-flash-attn-4's varlen backward, with the largest gradient difference between the two.
+flash-attn-4's varlen backward, with the largest gradient difference between the two; --bwd-swap-ab
+builds that backward in the Sᵀ layout (head dims <= 128).
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.py --out $OUT`.
 """
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--ranges", default="128-1024,512-8192", help="comma-separated lo-hi sequence length ranges")
     ap.add_argument("--bwd", action="store_true", help="add backward columns")
+    ap.add_argument("--bwd-swap-ab", action="store_true",
+                    help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,9 +55,12 @@ def main() -> None:
     for d in (int(x) for x in args.dims.split(",")):
         h = HIDDEN // d
         for causal in (False, True):
-            pkg = fa4gen.build(dict(name=f"bench_varlen{'_bwd' if args.bwd else ''}_d{d}_{'causal' if causal else 'full'}",
+            swap = args.bwd and args.bwd_swap_ab and d <= 128
+            pkg = fa4gen.build(dict(name=f"bench_varlen{'_bwd' if args.bwd else ''}{'_swap' if swap else ''}_d{d}_"
+                                         f"{'causal' if causal else 'full'}",
                                     targets=["sm90"], dtype="bf16", head_dim=d, varlen=True, backward=args.bwd,
-                                    allow_gqa=not args.bwd, mask={"kind": "causal" if causal else "none"}))
+                                    allow_gqa=not args.bwd, mask={"kind": "causal" if causal else "none"},
+                                    pipeline={"bwd_swap_ab": True} if swap else {}))
             for rng in args.ranges.split(","):
                 lo, hi = (int(x) for x in rng.split("-"))
                 lens = lengths(d + int(causal), lo, hi)

@@ -24,8 +24,9 @@ MMA_OPS = ("HGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA")
 def _spec(text: str):
     from fa4gen.spec import load_spec, spec_from_dict
 
-    path = Path(text)
-    return load_spec(path) if path.exists() else spec_from_dict(json.loads(text))
+    if text.lstrip().startswith("{"):  # a JSON dict (may be longer than a file name can be)
+        return spec_from_dict(json.loads(text))
+    return load_spec(Path(text))
 
 
 def _mma_loops(sass_text: str, min_mma: int) -> list[tuple[list[str], int]]:

@@ -42,6 +42,14 @@ if not log.handlers and os.environ.get("FA4GEN_QUIET", "") != "1":
     log.propagate = False
 
 
+def check_dq_accumulator(rows: int, head_dim: int) -> None:
+    """The backward addresses a (batch, head)'s dQ accumulator (query rows padded to whole tiles, times
+    head_dim fp32) with 32-bit offsets: refuse what would overflow them instead of a wrong answer."""
+    if rows * head_dim >= 2**31:
+        _fail(f"q: the backward supports up to {2**31 // head_dim - 1} query rows per (batch, head) at head_dim "
+              f"{head_dim} (its dQ accumulator is indexed with 32-bit offsets), got {rows} (padded to whole tiles)")
+
+
 def _fail(message: str, kind=ValueError):
     raise kind(message)
 
@@ -444,6 +452,7 @@ class ForwardOp:
         # query tiles per (batch, head); varlen: per head, the tiles of every sequence numbered back to
         # back (at most ceil(total / tile) + sequences)
         q_tiles = -(-s_q // plan["tile_m"]) + (packed.batch if packed is not None else 0)
+        check_dq_accumulator(q_tiles * plan["tile_m"], q.shape[-1])
         stats_shape = (b, h, q_tiles * plan["tile_m"])  # padded to whole tiles (the preprocess fills the padding)
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
                    torch.empty(stats_shape, **f32),  # lse_log2
