@@ -74,3 +74,13 @@ def test_dq_chunk_round_trip(head_dim, tile_m):
     # the sampled threads' offsets and coordinates are each taken once (no two elements share a slot)
     for pairs in seen.values():
         assert len({o for o, _ in pairs}) == len({rc for _, rc in pairs}) == len(pairs) > 0
+
+
+@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64)])
+def test_plan_sizes_the_dq_buffers_as_the_kernel_splits_dq(head_dim, tile_m):
+    """The plan's shared-memory budget (`_dq_cols`) and the kernel's chunk width (`sm90.dq_split`) are
+    two spellings of one rule (the plan cannot import the device module); they must agree."""
+    from fa4gen.plan.sm90 import _dq_cols
+
+    assert sm90.dq_split(head_dim, tile_m)[1] == _dq_cols(head_dim, tile_m)
+

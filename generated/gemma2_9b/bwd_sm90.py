@@ -95,13 +95,6 @@ def _stat(c: int) -> int:
     return 2 * (c // 16) + c % 2
 
 
-@cute.jit
-def _gemm(tiled_mma: cute.TiledMma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, k_blocks: cutlass.Constexpr[int]):
-    """acc += a·b over k_blocks WGMMA K-steps (one commit group; the caller waits)."""
-    for k in cutlass.range_constexpr(k_blocks):
-        cute.gemm(tiled_mma, acc, a[None, None, k], b[None, None, k], acc)
-
-
 class FlashBwdSm90:
     @cute.jit
     def __call__(
