@@ -51,6 +51,10 @@ BWD_VARIANTS = {
                                          mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "vlb_bf16_d256_chunked_softcap": dict(dtype="bf16", head_dim=256, mask={"kind": "chunked", "chunk_size": 96},
                                           softcap=20.0),
+    # the Sᵀ layout on packed sequences: statistics padded per query tile, bulk-copied with Q
+    "vlb_bf16_d128_none_gqa_swap80": dict(dtype="bf16", head_dim=128, pipeline={"bwd_swap_ab": True}),
+    "vlb_bf16_d64_causal_swap128": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"},
+                                        pipeline={"bwd_swap_ab": True}),
 }
 
 

@@ -535,7 +535,7 @@ def test_no_backward_plan_without_backward():
 
 def test_backward_swap_ab_choices_and_limits():
     """Sᵀ: auto at 64 < d <= 128 without varlen (80 query rows without a mask), off at d <= 64 unless
-    asked for (then 128 query rows, not with varlen), refused above 128."""
+    asked for (then 128 query rows), refused above 128."""
     def bwd(dims, mask, pipe, **kw):
         return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", mask, pipe, backward=True, **kw)), "sm90")[-1]
 
@@ -544,13 +544,13 @@ def test_backward_swap_ab_choices_and_limits():
     assert (bwd((128, None), causal, {}).swap_sdp, bwd((128, None), causal, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {}, varlen=True).swap_sdp  # auto: not with varlen (yet)
     assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
-    assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 64
+    assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 80
     assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp
     assert (bwd((64, None), none, {}).swap_sdp, bwd((64, None), none, {}).tile_m) == (False, 128)
-    # d64 Sᵀ (opt-in): flash-attn-4's 128 x 128 tile; 64 query rows with varlen (statistics by shuffle)
+    # d64 Sᵀ (opt-in): flash-attn-4's 128 x 128 tile, varlen too
     assert (bwd((64, None), none, {"bwd_swap_ab": True}).swap_sdp, bwd((64, None), none, {"bwd_swap_ab": True}).tile_m) == (True, 128)
-    assert bwd((64, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 64
+    assert bwd((64, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 128
     assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64
     err = _plan_error(_spec_dict(0, (256, None), "bf16", none, {"bwd_swap_ab": True}, backward=True))
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]

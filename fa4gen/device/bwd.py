@@ -16,7 +16,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from fa4gen.device import softmax
+from fa4gen.device import softmax, varlen
 
 LOG2_E = math.log2(math.e)
 ROWS_PER_CTA = 32
@@ -65,41 +65,89 @@ class Preprocess:
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
         batch, head, row, lane4 = _thread_row()
-        acc = Float32(0.0)
-        if row < mdQacc.shape[2] // self.head_dim:
-            zeros = cute.make_rmem_tensor((VEC,), Float32)
-            zeros.fill(0.0)
-            dq_row = cute.local_tile(mdQacc[batch, head, None], (self.head_dim,), (row,))
-            for i in cutlass.range_constexpr((self.head_dim // VEC + 3) // 4):
-                c = lane4 + 4 * i
-                if c < self.head_dim // VEC:
-                    cute.autovec_copy(zeros, _chunk(dq_row, c))
-        if row < mO.shape[1]:
-            o_row = mO[batch, row, head, None]
-            do_row = mdO[batch, row, head, None]
-            for i in cutlass.range_constexpr((self.head_dim_v // VEC + 3) // 4):
-                c = lane4 + 4 * i
-                if c < self.head_dim_v // VEC:
-                    ro = cute.make_rmem_tensor((VEC,), mO.element_type)
-                    rdo = cute.make_rmem_tensor((VEC,), mO.element_type)
-                    cute.autovec_copy(_chunk(o_row, c), ro)
-                    cute.autovec_copy(_chunk(do_row, c), rdo)
-                    vo = ro.load().to(Float32)
-                    vdo = rdo.load().to(Float32)
-                    for e in cutlass.range_constexpr(VEC):
-                        acc += vo[e] * vdo[e]
-        acc = softmax.quad_sum(acc)  # every lane of the warp takes part in the shuffles
-        if row < mO.shape[1] and lane4 == 0:
-            mD[batch, head, row] = acc - mdLSE[batch, head, row]
-            lse = mLSE[batch, head, row]
-            lse2 = Float32.inf  # a row that saw no key: P = exp2(-inf) = 0 everywhere
-            if lse != -Float32.inf:
-                lse2 = lse * LOG2_E
-            mLSE2[batch, head, row] = lse2
-        elif row < mLSE2.shape[2] and lane4 == 0:
-            # the padding to whole query tiles (read by tile in the Sᵀ backward): no query there, P = 0
-            mD[batch, head, row] = Float32(0.0)
-            mLSE2[batch, head, row] = Float32.inf
+        _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
+                        batch, head, row, row, row < mO.shape[1], lane4)
+
+
+class PreprocessVarlen(Preprocess):
+    """`Preprocess` for packed sequences whose LSE2 / D / dQ accumulator rows are padded per query tile
+    (sequence i's tiles numbered after those of the sequences before it, as `varlen.tile_of` does):
+    one CTA per (tile, head), 32 rows per pass; a tile's rows past its sequence get 0 / +inf."""
+
+    def __init__(self, head_dim_v: int, head_dim: int, tile_m: int):
+        super().__init__(head_dim_v, head_dim)
+        self.tile_m = tile_m
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor, stream):
+        tiles = mLSE2.shape[2] // self.tile_m
+        self.kernel_tiles(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ).launch(
+            grid=(tiles, mO.shape[2], 1), block=[THREADS, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel_tiles(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
+                     mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, head, _ = cute.arch.block_idx()
+        total = mO.shape[1]
+        seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+        offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
+        for p in cutlass.range_constexpr((self.tile_m + ROWS_PER_CTA - 1) // ROWS_PER_CTA):
+            i = ROWS_PER_CTA * p + tidx // 4
+            r = m_block * self.tile_m + i
+            # rows past the tile (80-row tiles) write nothing: i >= tile_m makes dst point past the
+            # accumulators' rows only when it is the last tile, so both are guarded
+            dst = tile * self.tile_m + i
+            if i >= self.tile_m:
+                dst = mLSE2.shape[2]
+            _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
+                            0, head, offset + r, dst, r < seqlen and i < self.tile_m, tidx % 4)
+
+
+@cute.jit
+def _preprocess_row(head_dim_v: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int], mO: cute.Tensor,
+                    mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
+                    mdQacc: cute.Tensor, batch: Int32, head: Int32, src: Int32, dst: Int32, valid, lane4: Int32):
+    """One query row, by the 4 lanes of a quad (all of a warp's lanes must call it: the row sum
+    shuffles): zero dQ accumulator row `dst`; if `valid`, D and LSE2 of packed row `src` into `dst`,
+    else (the padding to whole tiles) D = 0 and LSE2 = +inf there."""
+    acc = Float32(0.0)
+    if dst < mdQacc.shape[2] // head_dim:
+        zeros = cute.make_rmem_tensor((VEC,), Float32)
+        zeros.fill(0.0)
+        dq_row = cute.local_tile(mdQacc[batch, head, None], (head_dim,), (dst,))
+        for i in cutlass.range_constexpr((head_dim // VEC + 3) // 4):
+            c = lane4 + 4 * i
+            if c < head_dim // VEC:
+                cute.autovec_copy(zeros, _chunk(dq_row, c))
+    if valid:
+        o_row = mO[batch, src, head, None]
+        do_row = mdO[batch, src, head, None]
+        for i in cutlass.range_constexpr((head_dim_v // VEC + 3) // 4):
+            c = lane4 + 4 * i
+            if c < head_dim_v // VEC:
+                ro = cute.make_rmem_tensor((VEC,), mO.element_type)
+                rdo = cute.make_rmem_tensor((VEC,), mO.element_type)
+                cute.autovec_copy(_chunk(o_row, c), ro)
+                cute.autovec_copy(_chunk(do_row, c), rdo)
+                vo = ro.load().to(Float32)
+                vdo = rdo.load().to(Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    acc += vo[e] * vdo[e]
+    acc = softmax.quad_sum(acc)  # every lane of the warp takes part in the shuffles
+    if valid and lane4 == 0:
+        mD[batch, head, dst] = acc - mdLSE[batch, head, src]
+        lse = mLSE[batch, head, src]
+        lse2 = Float32.inf  # a row that saw no key: P = exp2(-inf) = 0 everywhere
+        if lse != -Float32.inf:
+            lse2 = lse * LOG2_E
+        mLSE2[batch, head, dst] = lse2
+    elif dst < mLSE2.shape[2] and lane4 == 0:
+        # the padding to whole query tiles (read by tile in the Sᵀ backward): no query there, P = 0
+        mD[batch, head, dst] = Float32(0.0)
+        mLSE2[batch, head, dst] = Float32.inf
 
 
 class Convert:
@@ -161,4 +209,4 @@ def pass_turn(counter):
     cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
 
 
-__all__ = ["Convert", "Preprocess", "element_ptr", "held_view", "pass_turn", "wait_turn"]
+__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "wait_turn"]

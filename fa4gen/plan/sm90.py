@@ -187,7 +187,7 @@ def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stage
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
         + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
         + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
-        + (2 * q_stages * tile_m * 4 if swap and not spec.varlen else 0)  # Sᵀ: LSE2/D per Q stage
+        + (2 * q_stages * tile_m * 4 if swap else 0)  # Sᵀ: LSE2/D per Q stage
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
 
@@ -218,23 +218,23 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # head dims <= 64 leave room for 128 query rows per step (64 per warpgroup: S, dP and dQ split by
     # rows), which halves the per-step overheads and the smem traffic per flop (FA3 does the same)
     # (with Sᵀ too, flash-attn-4's d64 tile: Sᵀ/dPᵀ 64 x 128 per warpgroup next to 32 + 32 dK/dV registers;
-    # its statistics come through shared memory, so not with varlen, where 64 rows stay)
-    # (with softcap the Sᵀ loop's extra P·(1 - tanh²) factor spilled at 128 rows: 64 there)
+    # its statistics come through shared memory, bulk-copied with Q; with softcap the Sᵀ loop's extra
+    # P·(1 - tanh²) factor spilled at 128 rows: 64 there)
     swap_asked = spec.pipeline.bwd_swap_ab is True
-    tile_m = 128 if max(d, dv) <= 64 and not (swap_asked and (spec.varlen or spec.softcap)) else 64
+    tile_m = 128 if max(d, dv) <= 64 and not (swap_asked and spec.softcap) else 64
     # Sᵀ with P/dS in registers: by default for 64 < d <= 128 (FA3's / flash-attn-4's choice there). On the
     # H200 it measured ~2% faster than S with P and dS through shared memory at d128 (session 6, before
     # its statistics moved to shared memory and its 80-row tiles); at d64 the default's 128-row step
     # wins by ~10% (docs/PERF.md)
-    # (not with varlen yet: there its statistics still go by shuffle, and it was never measured)
+    # (not with varlen yet: never measured there)
     swap = spec.pipeline.bwd_swap_ab is True or (
         spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128 and not spec.varlen
     )
-    if swap and spec.mask.kind == "none" and not spec.varlen and not spec.softcap and 96 < max(d, dv) <= 128:
+    if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
         # Kᵀ·dSᵀ) since WGMMA rows come in 64s. It fits the registers only with the per-query
-        # statistics in shared memory (bulk-copied with Q), which varlen does not do yet; softcap's extra
+        # statistics in shared memory (bulk-copied with Q); softcap's extra
         # factor (P·(1 - tanh²) in bf16) spilled 5 registers in the loop (CPU SASS), so 64 rows there
         tile_m = 80
     if swap and tile_n != 128:
@@ -253,8 +253,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     smem = _bwd_smem(spec, tile_m, tile_n, swap, *stages)
     # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
     # bound: ptxas decides, and the SASS tests check that no backward kernel spills
-    # Sᵀ: LSE/D through shared memory (varlen: 2 queries per lane and 64 rows, + the next block's)
-    stats = (8 * ((tile_m + 63) // 64) if spec.varlen else 2) if swap else 4
+    # Sᵀ: LSE/D through shared memory
+    stats = 2 if swap else 4
     regs = (tile_n * (d + dv) + 2 * tile_m * tile_n) // 256 + stats + REGS_BWD_OVERHEAD
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),

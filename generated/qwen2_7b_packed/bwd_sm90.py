@@ -106,7 +106,8 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32, use_seqused: Int32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        # LSE2 / D / the dQ accumulator padded per query tile of every sequence
+        bwd.PreprocessVarlen(HEAD_DIM_V, HEAD_DIM, TILE_M)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,
@@ -244,8 +245,9 @@ class FlashBwdSm90:
         mV_s = varlen.sequence_rows(mV, offset_k, seqlen_k, 0)[None, None, head_kv]
         mdKacc_s = varlen.sequence_rows(mdKacc, offset_k, seqlen_k, 0)[None, None, head_kv]
         mdVacc_s = varlen.sequence_rows(mdVacc, offset_k, seqlen_k, 0)[None, None, head_kv]
-        mLSE2_s = cute.domain_offset((offset_q,), mLSE2[0, head, None])
-        mD_s = cute.domain_offset((offset_q,), mD[0, head, None])
+        # LSE2 / D rows are padded per query tile: this sequence's start at its first tile
+        mLSE2_s = cute.domain_offset((q_tile0 * TILE_M,), mLSE2[0, head, None])
+        mD_s = cute.domain_offset((q_tile0 * TILE_M,), mD[0, head, None])
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
