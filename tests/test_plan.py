@@ -514,14 +514,14 @@ def test_plans_are_deterministic(spec):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_plan_fits_the_budgets(dims, deterministic):
     """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
-    estimate stays within setmaxnreg; Sᵀ (P in registers) by default for 64 < d <= 128 only."""
+    estimate stays within setmaxnreg; Sᵀ (P in registers) by default for d <= 128."""
     spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
     *_, fwd, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
     assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
     assert fwd.write_lse  # the backward needs the forward's LSE
     assert bwd.deterministic == deterministic
     assert bwd.tile_n == (128 if max(spec.head_dim, spec.head_dim_v) <= 128 else 64)
-    assert bwd.swap_sdp == (64 < max(spec.head_dim, spec.head_dim_v) <= 128)
+    assert bwd.swap_sdp == (max(spec.head_dim, spec.head_dim_v) <= 128)
     assert bwd.tile_m == (128 if max(spec.head_dim, spec.head_dim_v) <= 64 else 64)  # causal: no 80-row tile
     for budget in bwd.budgets:
         assert budget.used <= budget.limit, budget.line()
@@ -534,21 +534,24 @@ def test_no_backward_plan_without_backward():
 
 
 def test_backward_swap_ab_choices_and_limits():
-    """Sᵀ: auto at 64 < d <= 128 without varlen (80 query rows without a mask), off at d <= 64 unless
-    asked for (then 128 query rows), refused above 128."""
+    """Sᵀ: auto at d <= 128, varlen too (80 query rows at d128 without a mask, 128 at d64), except d64 with
+    softcap (64 rows there: the default layout keeps 128); refused above 128."""
     def bwd(dims, mask, pipe, **kw):
         return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", mask, pipe, backward=True, **kw)), "sm90")[-1]
 
     none, causal = {"kind": "none"}, {"kind": "causal"}
     assert (bwd((128, None), none, {}).swap_sdp, bwd((128, None), none, {}).tile_m) == (True, 80)
     assert (bwd((128, None), causal, {}).swap_sdp, bwd((128, None), causal, {}).tile_m) == (True, 64)
-    assert not bwd((128, None), none, {}, varlen=True).swap_sdp  # auto: not with varlen (yet)
+    assert (bwd((128, None), none, {}, varlen=True).swap_sdp, bwd((128, None), none, {}, varlen=True).tile_m) == (True, 80)
     assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
     assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 80
     assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp
-    assert (bwd((64, None), none, {}).swap_sdp, bwd((64, None), none, {}).tile_m) == (False, 128)
-    # d64 Sᵀ (opt-in): flash-attn-4's 128 x 128 tile, varlen too
+    assert (bwd((64, None), none, {}).swap_sdp, bwd((64, None), none, {}).tile_m) == (True, 128)
+    assert (bwd((64, None), causal, {}, varlen=True).swap_sdp, bwd((64, None), causal, {}, varlen=True).tile_m) == (True, 128)
+    assert (bwd((64, None), none, {}, softcap=20.0).swap_sdp, bwd((64, None), none, {}, softcap=20.0).tile_m) == (False, 128)
+    assert not bwd((64, None), none, {"bwd_swap_ab": False}).swap_sdp
+    # d64 Sᵀ: flash-attn-4's 128 x 128 tile, varlen too
     assert (bwd((64, None), none, {"bwd_swap_ab": True}).swap_sdp, bwd((64, None), none, {"bwd_swap_ab": True}).tile_m) == (True, 128)
     assert bwd((64, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 128
     assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64

@@ -6,6 +6,8 @@
 #   on the GPU:  source tools/device_env.sh; tools/ab_bench.sh run [ROUNDS] -- BENCH_FWD_ARGS...
 #                (carry [".device", ".ab"]; writes $OUT/ab/{new,ref}_N/ and prints tools/ab_compare.py)
 #
+# .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
+# is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
 # "new" is this working tree, "ref" the prepared copy; each side has its own compile cache and runs
 # tools/bench_fwd.py in a fresh process, new/ref/new/ref/... so slow drift hits both sides alike.
 set -euo pipefail
@@ -14,7 +16,7 @@ case "${1:-}" in
   prepare)
     ref=${2:?usage: tools/ab_bench.sh prepare REF}
     rm -rf "$root/.ab" && mkdir -p "$root/.ab/ref"
-    git -C "$root" archive "$ref" fa4gen templates | tar -x -C "$root/.ab/ref"
+    git -C "$root" archive "$ref" fa4gen templates ":(exclude)templates/sm100" ":(exclude)fa4gen/golden" | tar -x -C "$root/.ab/ref"
     git -C "$root" rev-parse "$ref" > "$root/.ab/ref/COMMIT"
     echo "prepared .ab/ref from $ref ($(cat "$root/.ab/ref/COMMIT")); carry [\".device\", \".ab\"]"
     ;;

@@ -222,13 +222,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # P·(1 - tanh²) factor spilled at 128 rows: 64 there)
     swap_asked = spec.pipeline.bwd_swap_ab is True
     tile_m = 128 if max(d, dv) <= 64 and not (swap_asked and spec.softcap) else 64
-    # Sᵀ with P/dS in registers: by default for 64 < d <= 128 (FA3's / flash-attn-4's choice there). On the
-    # H200 it measured ~2% faster than S with P and dS through shared memory at d128 (session 6, before
-    # its statistics moved to shared memory and its 80-row tiles); at d64 the default's 128-row step
-    # wins by ~10% (docs/PERF.md)
-    # (not with varlen yet: never measured there)
+    # Sᵀ with P/dS in registers: by default for head dims <= 128 (FA3's / flash-attn-4's choice). On the
+    # H200 (session 7, docs/PERF.md), against S with P and dS through shared memory: d128 +5-14% (80-row
+    # steps without a mask), d64 +6-11% (128-row steps), varlen +4-22%. Not at d <= 64 with softcap:
+    # there Sᵀ takes 64-row steps (128 spilled), which measured ~10% slower than S with 128 rows
     swap = spec.pipeline.bwd_swap_ab is True or (
-        spec.pipeline.bwd_swap_ab == "auto" and 64 < max(d, dv) <= 128 and not spec.varlen
+        spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain

@@ -34,7 +34,7 @@ TILE_M = 128
 TILE_N = 128
 Q_STAGES = 2
 DO_STAGES = 2
-PDS_STAGES = 1
+PDS_STAGES = 2
 THREADS = 384
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
@@ -125,20 +125,21 @@ class FlashBwdSm90:
             for t in (mQ, mK, mV, mdO, mdK, mdV)
         ]
         K_MAJOR, MN_MAJOR = OperandMajorMode.K, OperandMajorMode.MN
-        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, SDP_ATOMS, (64, SDP_N))
+        # Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ: warpgroup w owns keys 64w..64w+63 of every GEMM but dQ
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, K_MAJOR, Float32, (2, 1, 1), (64, TILE_M))
         tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
-            DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM // DKV_SPLIT)
+            DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, (2, 1, 1), (64, HEAD_DIM), warpgroup.OperandSource.RMEM
         )
         tiled_mma_dv = sm90_utils.make_trivial_tiled_mma(
-            DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DKV_ATOMS, (64, HEAD_DIM_V // DKV_SPLIT)
+            DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, (2, 1, 1), (64, HEAD_DIM_V), warpgroup.OperandSource.RMEM
         )
-        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, K_MAJOR, MN_MAJOR, Float32, DQ_ATOMS, (64, DQ_N))
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(DTYPE, DTYPE, MN_MAJOR, MN_MAJOR, Float32, DQ_ATOMS, (64, DQ_N))
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
         sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else DQ_N, 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
-        sPdS_layout = _smem_layout(DTYPE, TILE_M, TILE_N, 64, PDS_STAGES)
+        sPdS_layout = _smem_layout(DTYPE, TILE_N, TILE_M, TILE_M, PDS_STAGES)  # dSᵀ: keys x queries
         sdQ_layout = cute.make_layout((64 * DQ_N, DQ_BUFS))  # one warpgroup's dQ chunk per buffer (flat)
         load = cpasync.CopyBulkTensorTileG2SOp()
         stage0 = (None, None, 0)
@@ -150,6 +151,7 @@ class FlashBwdSm90:
         tma_dk, mdK = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
         tma_dv, mdV = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(sV_layout, stage0), (TILE_N, HEAD_DIM_V))
         self.q_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sQ_layout, stage0))
+        self.q_bytes += 2 * TILE_M * 4  # the block's LSE2 and D come with its Q (bulk copies, same mbarrier)
         self.do_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sdO_layout, stage0))
         self.kv_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sK_layout, stage0)) + cute.size_in_bytes(
             DTYPE, cute.slice_(sV_layout, stage0)
@@ -164,9 +166,10 @@ class FlashBwdSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sV_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sPdS_layout)], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
@@ -220,9 +223,10 @@ class FlashBwdSm90:
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
+        sD = storage.sD.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
         m_min, m_max = Int32(0), cute.ceil_div(seqlen_q, TILE_M)
         m_min = cute.arch.make_warp_uniform(m_min)
         m_max = cute.arch.make_warp_uniform(m_max)
@@ -253,6 +257,11 @@ class FlashBwdSm90:
                     pipe_q.producer_acquire(q_state)
                     cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, q_state.index],
                               tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    # the block's LSE2 and D (rows padded to whole tiles by the preprocess: +inf / 0)
+                    with cute.arch.elect_one():
+                        bar = pipe_q.producer_get_barrier(q_state)
+                        for src, dst in ((mLSE2_s, sLSE), (mD_s, sD)):
+                            hopper.load_bulk(dst[None, q_state.index].iterator, src.iterator + m_block * TILE_M, TILE_M * 4, bar)
                     q_state.advance()
                     pipe_do.producer_acquire(do_state)
                     cute.copy(tma_do, tdOgdO[None, m_block], tdOsdO[None, do_state.index],
@@ -309,47 +318,56 @@ class FlashBwdSm90:
             wg_dk = tiled_mma_dk.get_slice(wg_c * 128)
             wg_dv = tiled_mma_dv.get_slice(wg_c * 128)
             wg_dq = tiled_mma_dq.get_slice(wg_c * 128)
-            tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
-            tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
-            tdPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
-            tdPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
-            tdVrPt = wg_dv.make_fragment_A(wg_dv.partition_A(_t(sP)))
+            tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+            tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+            tdPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+            tdPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
             tdVrdOt = wg_dv.make_fragment_B(wg_dv.partition_B(_t(sdO)))
-            tdKrdSt = wg_dk.make_fragment_A(wg_dk.partition_A(_t(sdS)))
             tdKrQt = wg_dk.make_fragment_B(wg_dk.partition_B(_t(sQ)))
-            tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-            tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(_t(sK)))
-            acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C((TILE_M, TILE_N)))
-            acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C((TILE_M, TILE_N)))
+            if cutlass.const_expr(DQ_T):
+                # dQᵀ = Kᵀ·dSᵀ: warpgroup w computes head-dim rows 64w..64w+63 for all TILE_M queries
+                tdQrKt = wg_dq.make_fragment_A(wg_dq.partition_A(_t(sK)))
+                tdQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(_t(sdS)))
+            else:
+                tdQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(_t(sdS)))
+                tdQrKt = wg_dq.make_fragment_B(wg_dq.partition_B(_t(sK)))
+            acc_S = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C((TILE_N, TILE_M)))  # Sᵀ, then Pᵀ
+            acc_dP = thr_sdp.make_fragment_C(thr_sdp.partition_shape_C((TILE_N, TILE_M)))  # dPᵀ, then dSᵀ
             acc_dK = thr_dk.make_fragment_C(thr_dk.partition_shape_C((TILE_N, HEAD_DIM)))
             acc_dV = thr_dv.make_fragment_C(thr_dv.partition_shape_C((TILE_N, HEAD_DIM_V)))
             acc_dQ = thr_dq.make_fragment_C(thr_dq.partition_shape_C((HEAD_DIM, TILE_M) if DQ_T else (TILE_M, HEAD_DIM)))
             acc_dK.fill(0.0)
             acc_dV.fill(0.0)
-            s_rc = frag.rows_cols(acc_S)
+            s_rc = frag.rows_cols(acc_S)  # (keys, queries)
             dp_rc = frag.rows_cols(acc_dP)
-            tScS_rc = frag.rows_cols(thr_sdp.partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
-            tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
+            # (key, query) positions of the fragment, holding (query, key) coordinates like the forward's
+            cS = cute.make_identity_tensor((TILE_M, TILE_N))
+            tScS_rc = frag.rows_cols(thr_sdp.partition_C(_qk(cS)))
+            tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(_qk(cS)))  # compile-time, for the mask
             n_rows = cute.size(s_rc, mode=[0])
             n_cols = cute.size(s_rc, mode=[1])
-            lse2 = cute.make_rmem_tensor((n_rows,), Float32)
-            dsum = cute.make_rmem_tensor((n_rows,), Float32)
-            rP = cute.make_rmem_tensor(acc_S.layout, DTYPE)
-            rdS = cute.make_rmem_tensor(acc_dP.layout, DTYPE)
+            # per-query statistics: lane l holds those of queries 2l, 2l+1 of the block (and 64 + 2l,
+            # 65 + 2l of an 80-row block); a thread reads the ones of its columns by shuffle (16 columns
+            # per thread would cost 32 registers)
+            lse2 = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
+            dsum = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
+            lse2_next = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
+            dsum_next = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
+            lane = cute.arch.lane_idx()
+            lane4 = lane % 4  # column c of the Sᵀ fragment is query 8 * (c // 2) + 2 * lane4 + c % 2
+            rP, tdVrP = frag.operand_buffer(acc_S, DTYPE)  # bf16 Pᵀ and its A-operand view
+            rdS, tdKrdS = frag.operand_buffer(acc_dP, DTYPE)
             rP_rc = frag.rows_cols(rP)
-            copy_pds = cute.make_tiled_copy_C(
+            copy_ds = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), tiled_mma_sdp
             )
-            thr_pds = copy_pds.get_slice(tidx_c)
-            tPsP = thr_pds.partition_D(sP)
-            tdSsdS = thr_pds.partition_D(sdS)
+            thr_ds = copy_ds.get_slice(tidx_c)
+            tdSsdS = thr_ds.partition_D(sdS)
             # the dQ tile leaves in fragment order (hopper.chunk_copy: 128-bit stores, no bank conflict)
             copy_dq = hopper.chunk_copy()
             tdQsdQ_w = hopper.chunk_view(sdQ[None, 0], tidx_c % 128)
             tdQsdQ_w1 = hopper.chunk_view(sdQ[None, DQ_BUFS - 1], tidx_c % 128)
             tdQrdQ = cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQ_w.shape))
-            for mma in (tiled_mma_sdp, tiled_mma_dq):
-                mma.set(warpgroup.Field.ACCUMULATE, False)
             for mma in (tiled_mma_dk, tiled_mma_dv):
                 mma.set(warpgroup.Field.ACCUMULATE, True)
             if m_max > m_min:
@@ -358,68 +376,74 @@ class FlashBwdSm90:
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, DO_STAGES)
             for m_block in cutlass.range(m_min, m_max, unroll=1):
                 pds = (m_block - m_min) % PDS_STAGES
-                # S = Q·Kᵀ and dP = dO·Vᵀ
+                # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
                 pipe_q.consumer_wait(q_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                tSrQ_q = tSrQ[None, None, None, q_state.index]
                 tSrK_0 = tSrK[None, None, None, 0]
+                tSrQ_q = tSrQ[None, None, None, q_state.index]
                 for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                    cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
+                    cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
-                for r in cutlass.range_constexpr(n_rows):
-                    row = m_block * TILE_M + tScS_rc[r, 0][0]
-                    lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
-                    dsum[r] = Float32(0.0)
-                    if row < seqlen_q:
-                        lse2[r] = mLSE2_h[row]
-                        dsum[r] = mD_h[row]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
                 tdPrV_0 = tdPrV[None, None, None, 0]
+                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
                 for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
-                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrdO_do[None, None, k], tdPrV_0[None, None, k], acc_dP)
+                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
-                # P = exp2(S * scale_log2 - LSE2), masked scores -> 0
-                for r in cutlass.range_constexpr(n_rows):
-                    for c in cutlass.range_constexpr(n_cols):
-                        s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse2[r], fastmath=True)
-                rP.store(acc_S.load().to(DTYPE))
-                if cutlass.const_expr(PDS_STAGES == 1):
-                    # the previous block's dV/dK/dQ GEMMs (all warpgroups) are done reading sP/sdS
-                    cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                cute.copy(copy_pds, thr_pds.retile(rP), tPsP[None, None, None, pds])
-                # dS = P * (dP - D)
+                # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
+                for c in cutlass.range_constexpr(n_cols):
+                    lse_c = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    for r in cutlass.range_constexpr(n_rows):
+                        s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
+                # 80- and 128-row tiles: dV is issued once dS is formed (Sᵀ, dPᵀ, Pᵀ in flight and dK/dV at once
+                # would not fit the registers)
                 warpgroup.wait_group(0)
-                for r in cutlass.range_constexpr(n_rows):
-                    for c in cutlass.range_constexpr(n_cols):
-                        dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum[r])
+                # dSᵀ = Pᵀ * (dPᵀ - D)
+                for c in cutlass.range_constexpr(n_cols):
+                    dsum_c = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    for r in cutlass.range_constexpr(n_rows):
+                        # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
+                        dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
+                rP.store(acc_S.load().to(DTYPE))  # after dS: the fp32 and bf16 Pᵀ are never live at once
                 rdS.store(acc_dP.load().to(DTYPE))
-                cute.copy(copy_pds, thr_pds.retile(rdS), tdSsdS[None, None, None, pds])
+                # dV += Pᵀ·dO (Pᵀ from registers)
+                warpgroup.fence()
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                warpgroup.commit_group()
+                # the next block's statistics: their loads return while this block's GEMMs run
+                if cutlass.const_expr(PDS_STAGES == 1):
+                    # the other warpgroup's previous dQ GEMM is done reading sdS
+                    cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
+                cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                # dQ = dS·K first (its tile goes out while dV and dK run), then dV += Pᵀ·dO, dK += dSᵀ·Q
+                # dV is done (its Pᵀ registers free) before dQᵀ takes its accumulator: with them all live
+                # ptxas would serialize every WGMMA for want of registers
+                warpgroup.wait_group(0)
+                # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
                 warpgroup.fence()
                 tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
                 tdQrdS_pds = tdQrdS[None, None, None, pds]
                 tdQrKt_0 = tdQrKt[None, None, None, 0]
                 for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
+                    if cutlass.const_expr(DQ_T):
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
+                    else:
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
                     tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
-                tdVrPt_pds = tdVrPt[None, None, None, pds]
-                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
-                for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dv, acc_dV, tdVrPt_pds[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
-                tdKrdSt_pds = tdKrdSt[None, None, None, pds]
+                # dK += dSᵀ·Q (dSᵀ from registers) after dQ, so the dQ hand-off runs while dK is in flight
                 tdKrQt_q = tdKrQt[None, None, None, q_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdSt_pds[None, None, k], tdKrQt_q[None, None, k], acc_dK)
+                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdS[None, None, k], tdKrQt_q[None, None, k], acc_dK)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
@@ -435,6 +459,7 @@ class FlashBwdSm90:
                 pipe_do.consumer_release(do_state)
                 q_state.advance()
                 do_state.advance()
+
 
             # Epilogue: dK (scaled) and dV of this key block
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
