@@ -19,6 +19,10 @@ import torch
 SPEC = dict(name="launch_cost_d128", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"})
 CHILD = """
 import sys, time, torch, fa4gen
+t0 = time.perf_counter()
+import tvm_ffi  # part of a cache hit's load: without torch's DLPack C exchange API it loads or builds an addon
+print("IMPORT_TVM_FFI_S", time.perf_counter() - t0)
+print("DLPACK_C_API", int(hasattr(torch.Tensor, "__dlpack_c_exchange_api__")))
 pkg = fa4gen.build({spec!r})
 q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
@@ -43,7 +47,9 @@ def first_call(cache_dir: str) -> dict:
     log = [ln for ln in r.stderr.splitlines() if ln.startswith("fa4gen:")]
     return {"first_call_s": round(float(vals["FIRST_CALL_S"]), 3),
             "cutlass_imported_by_the_call": bool(int(vals["CUTLASS_IMPORTED"])),
-            "import_cutlass_after_s": round(float(vals["IMPORT_CUTLASS_S"]), 3), "log": log}
+            "import_cutlass_after_s": round(float(vals["IMPORT_CUTLASS_S"]), 3),
+            "import_tvm_ffi_before_s": round(float(vals["IMPORT_TVM_FFI_S"]), 3),
+            "torch_dlpack_c_api": bool(int(vals["DLPACK_C_API"])), "log": log}
 
 
 def per_call_us(fn, n=2000) -> float:
@@ -93,6 +99,18 @@ def main():
     lse = [torch.empty(lse_shape, dtype=torch.float32, device="cuda")] if lse_shape is not None else []
     res["compiled_call_only"] = host_overhead(lambda: fn(q, q, q, o, *lse, *args))
     res["api_minus_compiled_call_us"] = round(res["fa4gen"]["eager_us"] - res["compiled_call_only"]["eager_us"], 2)
+    # the same kernel JIT-linked from its object (the path before the shared library): same call, same args
+    objs = sorted(Path(cache).rglob("artifact.o"))
+    if len(objs) == 1:
+        import cutlass.cute as cute
+
+        from fa4gen.compile.aot import EXPORT_NAME, _preload_runtime
+
+        _preload_runtime()
+        jit_fn = getattr(cute.runtime.load_module(str(objs[0]), enable_tvm_ffi=True), EXPORT_NAME)
+        res["compiled_call_jit_linked"] = host_overhead(lambda: jit_fn(q, q, q, o, *lse, *args))
+    else:
+        res["compiled_call_jit_linked"] = f"skipped: {len(objs)} objects in the cache"
     try:
         from flash_attn.cute.interface import flash_attn_func
 
