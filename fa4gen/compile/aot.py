@@ -59,7 +59,7 @@ SHARED_FILE = "artifact.so"  # the object linked as a shared library (when a C c
 
 _ARCH_RE = re.compile(r"^sm_(?P<sm>\d+)(?P<suffix>[af]?)$")
 _COMPILE_LOCK = threading.RLock()
-_runtime_preloaded = False
+_preloaded: set[str] = set()  # runtime libraries already loaded RTLD_GLOBAL in this process
 
 
 @dataclass(frozen=True)
@@ -108,16 +108,24 @@ def target_arch(arch: str) -> Iterator[None]:
             envar.arch = previous
 
 
-def _preload_runtime() -> None:
-    global _runtime_preloaded
-    if _runtime_preloaded:
-        return
-    import cutlass.cute as cute
-
-    for lib in cute.runtime.find_runtime_libraries(enable_tvm_ffi=False):
-        with contextlib.suppress(OSError):
+def _preload(libs: list[str], *, strict: bool) -> None:
+    """Load `libs` with RTLD_GLOBAL once per process (their symbols resolve the kernels' undefined
+    ones). `strict`: a library that does not load raises; else it is skipped."""
+    for lib in libs:
+        if lib in _preloaded:
+            continue
+        try:
             ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    _runtime_preloaded = True
+        except OSError:
+            if strict:
+                raise
+            continue
+        _preloaded.add(lib)
+
+
+def _preload_runtime() -> None:
+    """The CuTe-DSL runtime libraries, before JIT-linking an object (imports cutlass)."""
+    _preload(runtime_libraries(), strict=False)
 
 
 def runtime_libraries() -> list[str]:
@@ -143,9 +151,6 @@ def link_shared(obj: bytes) -> bytes | None:
         return out.read_bytes() if done.returncode == 0 and out.is_file() else None
 
 
-_preloaded_paths: set[str] = set()
-
-
 def _load_shared(entry: Entry) -> Callable[..., Any] | None:
     """The entry's shared library through ``tvm_ffi`` (no cutlass import), or None if it has none or
     its runtime libraries are gone (e.g. another environment)."""
@@ -154,10 +159,7 @@ def _load_shared(entry: Entry) -> Callable[..., Any] | None:
         return None
     import tvm_ffi
 
-    for lib in libs:
-        if lib not in _preloaded_paths:
-            ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-            _preloaded_paths.add(lib)
+    _preload(libs, strict=True)
     return tvm_ffi.load_module(str(entry.file(SHARED_FILE))).get_function(EXPORT_NAME)
 
 

@@ -220,8 +220,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # (with Sᵀ too, flash-attn-4's d64 tile: Sᵀ/dPᵀ 64 x 128 per warpgroup next to 32 + 32 dK/dV registers;
     # its statistics come through shared memory, bulk-copied with Q; with softcap the Sᵀ loop's extra
     # P·(1 - tanh²) factor spilled at 128 rows: 64 there)
-    swap_asked = spec.pipeline.bwd_swap_ab is True
-    tile_m = 128 if max(d, dv) <= 64 and not (swap_asked and spec.softcap) else 64
     # Sᵀ with P/dS in registers: by default for head dims <= 128 (FA3's / flash-attn-4's choice). On the
     # H200 (session 7, docs/PERF.md), against S with P and dS through shared memory: d128 +5-14% (80-row
     # steps without a mask), d64 +6-11% (128-row steps), varlen +4-22%. Not at d <= 64 with softcap:
@@ -229,6 +227,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     swap = spec.pipeline.bwd_swap_ab is True or (
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
+    tile_m = 128 if max(d, dv) <= 64 and not (swap and spec.softcap) else 64
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
