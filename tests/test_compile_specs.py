@@ -189,15 +189,21 @@ def test_every_block_loop_has_one_exp2_per_score(compiled, cache_root):
 def _check_backward_sass(name, plan, r, s):
     """The backward's main kernel: five WGMMA steps per query block (S, dP, dQ over the key block; dV,
     dK over the query block), once per generated copy of the block (one per masked / mask-free run),
-    TMA loads and stores (dQ by bulk reduce-add of its fragment-order chunks, GQA dK/dV by TMA
-    reduce-add), one exp2 per score, no spills."""
+    TMA loads and stores (dQ by bulk reduce-add of its fragment-order chunks, or by 128-bit reductions
+    from registers with the plan's dq_atomic; GQA dK/dV by TMA reduce-add), one exp2 per score, no spills."""
     text = (ROOT / "generated" / name / f"{plan.module}.py").read_text()
     runs = {"none": 1, "causal": 2, "sliding_window": 3, "chunked": 3}[plan.mask_kind]
     assert text.count("cute.gemm(tiled_mma_sdp") == 2 * runs
     per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
     assert s["hgmma"] == runs * per_block
     assert s["ldl"] == 0 and s["stl"] == 0
-    assert s["utmaldg"] > 0 and s["opcodes"].get("UBLKRED", 0) > 0  # dQ: bulk reduce-add
+    assert s["utmaldg"] > 0
+    if plan.dq_atomic:  # dQ from registers: 128-bit reductions, (64 x DQ_N) / 512 per thread, per block and run
+        dq_cols = plan.head_dim if plan.tile_m == 128 else plan.tile_m if plan.tile_m % 64 else plan.head_dim // 2
+        assert s["opcodes"].get("UBLKRED", 0) == 0
+        assert s["opcodes"].get("REDG", 0) == runs * 64 * dq_cols // 512
+    else:  # dQ: bulk reduce-add
+        assert s["opcodes"].get("UBLKRED", 0) > 0
     assert (s["opcodes"].get("UTMAREDG", 0) > 0) == plan.dkv_accum  # GQA dK/dV: TMA reduce-add
     assert (s["utmastg"] > 0) == (not plan.dkv_accum)  # MHA dK/dV: TMA store
     # P = exp2(S * scale - LSE): (64 x tile_n) scores over 256 threads per query block and run

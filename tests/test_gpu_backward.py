@@ -41,6 +41,9 @@ SPECS = {
     # opt-in Sᵀ at d64: 128 query rows per step (flash-attn-4's d64 tile)
     "gb_bf16_d64_causal_mha_swap128": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, allow_gqa=False,
                                            pipeline={"bwd_swap_ab": True}),
+    # dQ added from registers (pipeline.bwd_dq_atomic; auto above d128, forced here on the Sᵀ 80-row dQᵀ
+    # chunks), GQA's fp32 dK/dV staged in the Q buffers
+    "gb_bf16_d128_none_gqa_dqatomic": dict(dtype="bf16", head_dim=128, pipeline={"bwd_dq_atomic": True}),
     "gb_fp16_d64_window_softcap_det_swap": dict(dtype="fp16", head_dim=64, softcap=20.0, deterministic=True,
                                                 mask={"kind": "sliding_window", "left": 100, "right": 20},
                                                 pipeline={"bwd_swap_ab": True}),

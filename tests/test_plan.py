@@ -557,3 +557,33 @@ def test_backward_swap_ab_choices_and_limits():
     assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64
     err = _plan_error(_spec_dict(0, (256, None), "bf16", none, {"bwd_swap_ab": True}, backward=True))
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]
+
+
+def test_backward_dq_atomic_choices():
+    """dQ from registers (no hand-off buffer): auto above d 128 unless deterministic, where the freed buffer
+    buys a second dO stage (GQA too: its dK/dV epilogue stages in the Q buffers); true with deterministic
+    is an error naming the field."""
+    def bwd(dims, pipe, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, pipe, backward=True, **kw)),
+                            "sm90")[-1]
+
+    d256 = bwd((256, None), {})
+    assert (d256.dq_atomic, d256.dq_buffers, d256.q_stages, d256.do_stages) == (True, 0, 2, 2)
+    assert d256.smem_bytes <= 232448
+    assert any("red.global.add.v4.f32" in n for n in d256.notes)
+    assert bwd((192, 128), {}).dq_atomic
+    assert not bwd((128, None), {}).dq_atomic and bwd((128, None), {}).dq_buffers == 2
+    det = bwd((256, None), {}, deterministic=True)
+    assert (det.dq_atomic, det.dq_buffers) == (False, 1)
+    assert not bwd((256, None), {"bwd_dq_atomic": False}).dq_atomic
+    forced = bwd((128, None), {"bwd_dq_atomic": True})
+    assert (forced.dq_atomic, forced.dq_buffers) == (True, 0)
+    # GQA's fp32 dK/dV epilogue stages a warpgroup's share (64 x 128 fp32 at d256) in the Q buffers instead
+    gqa = bwd((256, None), {}, allow_gqa=True)
+    assert (gqa.dq_atomic, gqa.dq_buffers, gqa.q_stages, gqa.do_stages) == (True, 0, 2, 2)
+    gqa128 = bwd((128, None), {"bwd_dq_atomic": True}, allow_gqa=True)  # 64 x 128 fp32 needs both Q stages
+    assert (gqa128.dq_buffers, gqa128.q_stages * gqa128.tile_m * 128 * 2 >= 64 * 128 * 4) == (0, True)
+    err = _plan_error(_spec_dict(0, (256, None), "bf16", {"kind": "none"}, {"bwd_dq_atomic": True},
+                                 backward=True, deterministic=True))
+    assert [p.location for p in err.problems] == ["pipeline.bwd_dq_atomic"]
+    assert "deterministic" in err.problems[0].message

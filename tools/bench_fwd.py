@@ -68,11 +68,17 @@ def _masks(text: str) -> list[str]:
     return masks
 
 
+# --bwd-dq-atomic: fa4gen's non-deterministic backwards with pipeline.bwd_dq_atomic: true (an experiment)
+DQ_ATOMIC = False
+
+
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False) -> dict:
-    name = f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}_d{d}_{'causal' if causal else 'full'}"
+    atomic = DQ_ATOMIC and not deterministic
+    name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}{'_atomic' if atomic else ''}"
+            f"_d{d}_{'causal' if causal else 'full'}")
+    pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({"bwd_dq_atomic": True} if atomic else {})
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
-                backward=True, deterministic=deterministic, allow_gqa=False,
-                pipeline={"bwd_swap_ab": True} if swap_ab else {})
+                backward=True, deterministic=deterministic, allow_gqa=False, pipeline=pipeline)
 
 
 def _warm_backward(pkg, d: int) -> float:
@@ -137,7 +143,11 @@ def main():
     ap.add_argument("--bwd-stages", default=None,
                     help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
+    ap.add_argument("--bwd-dq-atomic", action="store_true",
+                    help="with --bwd: fa4gen's non-deterministic backward adds dQ from registers (pipeline.bwd_dq_atomic: true)")
     args = ap.parse_args()
+    global DQ_ATOMIC
+    DQ_ATOMIC = args.bwd_dq_atomic
     if args.bwd_stages:
         from fa4gen.plan import sm90
 

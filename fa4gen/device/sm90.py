@@ -41,7 +41,8 @@ def tma_pipeline(mbar, stages: int, nbytes: int, consumer_warps: int) -> pipelin
 # registers: thread t's values 4v..4v+3 go to floats 512 v + 4 t of a flat "chunk" (one 128-bit store
 # each, consecutive lanes on consecutive 16 bytes: no bank conflict, one base register). The dQ warp
 # adds the chunk into global memory with one bulk reduce, so the global accumulator holds every tile as
-# such a chunk; `ConvertChunks` puts the values back at their (row, column) when it writes dQ.
+# such a chunk; `ConvertChunks` puts the values back at their (row, column) when it writes dQ. Without
+# the hand-off (`reduce_chunk`), each thread adds its vectors to the same global positions itself.
 CHUNK_THREADS = 128
 CHUNK_VEC = 4  # fp32 per 128-bit store
 
@@ -100,6 +101,35 @@ def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+@dsl_user_op
+def reduce_add_v4(gmem: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
+    """gmem[0:4] += (a, b, c, d) in fp32, one vector reduction in global memory (no return value;
+    16-byte aligned; relaxed, gpu scope: visible to the kernels that run after this one)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
+        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
+        "l,f,f,f,f",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@cute.jit
+def reduce_chunk(acc: cute.Tensor, chunk: cute.Pointer, t):
+    """Add thread t's share of a warpgroup's fp32 accumulator `acc` into the flat global chunk at
+    `chunk` in fragment order (values 4v..4v+3 at floats 512 v + 4 t, as `chunk_copy` stores them):
+    one 128-bit reduction each, consecutive lanes on consecutive 16 bytes."""
+    flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+    mine = chunk + CHUNK_VEC * t  # then constant offsets: immediates in the REDG addresses
+    for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
+        reduce_add_v4(
+            mine + CHUNK_THREADS * CHUNK_VEC * v,
+            flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
+        )
 
 
 @dsl_user_op

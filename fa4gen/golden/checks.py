@@ -4,7 +4,8 @@
                           SASS has the arch's MMA (HGMMA / UTC*MMA) and TMA loads, and no spills;
                           a backward kernel ("bwd compile + SASS") also its bulk reduce-add
                           (UBLKRED: the dQ chunks are summed in global memory by the bulk copy
-                          engine; dK/dV with GQA by TMA reduce-add, UTMAREDG)
+                          engine, or REDG with the plan's dq_atomic: from registers; dK/dV with
+                          GQA by TMA reduce-add, UTMAREDG)
   emulator vs reference   (CPU) the plan's algorithm, emulated, is within the error budget
   kernel vs reference     (Hopper GPU) numerics of the real kernel, output poisoned before the call
   kernel vs emulator      (Hopper GPU) the same, against the emulator, per element in ulps
@@ -49,6 +50,7 @@ RUNTIME_WINDOW = (37, 5)
 RUNTIME_CHUNK = 64
 MMA_OPCODE = {"sm90": "hgmma", "sm100": "utchmma"}
 BULK_REDUCE_OPCODE = "ublkred"  # cp.reduce.async.bulk: the backward's dQ sums
+VECTOR_REDUCE_OPCODE = "redg"  # red.global.add.v4.f32: the same sums from registers (plan dq_atomic)
 TORCH_DTYPES = packed.TORCH_DTYPES
 
 
@@ -177,7 +179,8 @@ def compile_and_sass(variant: Variant, plan: dict) -> CheckResult:
                            time.perf_counter() - start)
     sass = res.meta.get("sass") or {}
     mma = MMA_OPCODE.get(arch, "hgmma")
-    required = [mma, "utmaldg"] + ([BULK_REDUCE_OPCODE] if plan["direction"] == "bwd" else [])
+    dq_sum = VECTOR_REDUCE_OPCODE if plan.get("dq_atomic") else BULK_REDUCE_OPCODE
+    required = [mma, "utmaldg"] + ([dq_sum] if plan["direction"] == "bwd" else [])
     counts = {op: _opcode_count(sass, op) for op in (*required, "ldl", "stl")}
     problems = [f"no {op.upper()}" for op in required if counts[op] <= 0]
     sass_text = getattr(res, "sass_text", None)

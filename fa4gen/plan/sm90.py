@@ -242,11 +242,28 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         ))
     # GQA dK/dV leave through the dQ buffers: a warpgroup's fp32 share (64 rows x d, or d/2 with tile_n 64)
     accum_bytes = 64 * max(d, dv) // (1 if tile_n == 128 else 2) * 4 if spec.allow_gqa else 0
+    # dQ added from the consumers' registers by vector reductions (no hand-off buffer, no dQ warp): by
+    # default above d 128, where the hand-off gets one buffer shared in turns next to one dO stage —
+    # the d256 profile (session 8, docs/PERF.md) spent most stalls waiting for dO and for that buffer.
+    # Unordered, so never with deterministic: true
+    atomic = spec.pipeline.bwd_dq_atomic is True or (
+        spec.pipeline.bwd_dq_atomic == "auto" and not spec.deterministic and max(d, dv) > 128
+    )
+    if atomic and spec.deterministic:
+        problems.append(problem(
+            "pipeline.bwd_dq_atomic", "true adds dQ tiles in whatever order they finish, which deterministic: true "
+            "rules out (set it to false or auto)",
+        ))
+    order, fallback = BWD_STAGE_ORDER, (1, 1, 1, 2)  # (nothing fits: the smem budget check reports it)
+    if atomic:  # no dQ buffers: GQA's dK/dV epilogue stages its fp32 tiles in the Q buffers, free by then
+        order, fallback = tuple(dict.fromkeys(s[:3] + (0,) for s in BWD_STAGE_ORDER)), (2, 1, 1, 0)
+
+    def staging(s) -> int:  # bytes the GQA epilogue can stage a warpgroup's fp32 dK/dV share in
+        return s[0] * tile_m * d * 2 if atomic else s[3] * 64 * _dq_cols(d, tile_m) * 4
+
     stages = next(
-        (s for s in BWD_STAGE_ORDER
-         if _bwd_smem(spec, tile_m, tile_n, swap, *s) <= SMEM_BUDGET
-         and s[3] * 64 * _dq_cols(d, tile_m) * 4 >= accum_bytes),
-        (1, 1, 1, 2),
+        (s for s in order if _bwd_smem(spec, tile_m, tile_n, swap, *s) <= SMEM_BUDGET and staging(s) >= accum_bytes),
+        fallback,
     )
     smem = _bwd_smem(spec, tile_m, tile_n, swap, *stages)
     # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
@@ -274,8 +291,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         ("Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" + ("; dQᵀ = Kᵀ·dSᵀ (80 query rows)" if tile_m % 64 else ""))
         if swap else
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
-        "dQ: fp32 tiles in fragment order, reduced into global memory by bulk reduce (cp.reduce.async.bulk), "
-        "put in place by the postprocess",
+        "dQ: fp32 tiles in fragment order, "
+        + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer), "
+           if atomic else "reduced into global memory by bulk reduce (cp.reduce.async.bulk), ")
+        + "put in place by the postprocess",
     ]
     if spec.varlen:
         notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
@@ -285,10 +304,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
             "semaphore per tile, key blocks last to first; cost: a CTA waits for the key blocks after it on every "
             "query block — measured "
-            + ("0.88-0.94x of the non-deterministic backward with a causal mask (H200, docs/PERF.md; windowed and "
-               "chunked masks not measured)" if spec.mask.kind != "none"
-               else "0.74-1.01x of the non-deterministic backward without a mask, lowest at short seqlens "
-                    "(H200, docs/PERF.md)")
+            + ("0.89-0.98x of the non-deterministic backward with a causal mask (H200, session 8, docs/PERF.md; "
+               "windowed and chunked masks not measured)" if spec.mask.kind != "none"
+               else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "
+                    "(H200, session 8, docs/PERF.md)")
+            + ("; above d128 lower than that since the non-deterministic backward adds dQ from registers "
+               "(pipeline.bwd_dq_atomic, +24-34%), which an ordered reduction cannot" if max(d, dv) > 128 else "")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
@@ -312,6 +333,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         do_stages=do_stages,
         pds_stages=pds_stages,
         dq_buffers=dq_buffers,
+        dq_atomic=atomic,
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
         smem_bytes=smem,

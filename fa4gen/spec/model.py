@@ -217,8 +217,14 @@ class Pipeline(_Model):
         description="Backward: compute Sᵀ = K·Qᵀ so Pᵀ and dSᵀ feed dV and dK from registers "
         "(FA3's layout; head_dim <= 128).",
     )
+    bwd_dq_atomic: StrictBool | Literal["auto"] = Field(
+        default="auto",
+        description="Backward: add each dQ tile into global memory with vector reductions from "
+        "registers (red.global.add.v4.f32) instead of a shared-memory hand-off and bulk reduce; "
+        "frees that buffer for pipeline stages. Not with deterministic: true.",
+    )
 
-    @field_validator("ping_pong", "intra_wg_overlap", "bwd_swap_ab", mode="wrap")
+    @field_validator("ping_pong", "intra_wg_overlap", "bwd_swap_ab", "bwd_dq_atomic", mode="wrap")
     @classmethod
     def _ping_pong(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
