@@ -308,8 +308,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
                "windowed and chunked masks not measured)" if spec.mask.kind != "none"
                else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "
                     "(H200, session 8, docs/PERF.md)")
-            + ("; above d128 lower than that since the non-deterministic backward adds dQ from registers "
-               "(pipeline.bwd_dq_atomic, +24-34%), which an ordered reduction cannot" if max(d, dv) > 128 else "")
+            + ("; above d128 0.58-0.74x (d256, session 8) since the non-deterministic backward adds dQ from "
+               "registers (pipeline.bwd_dq_atomic, +24-34%), which the ordered hand-off cannot" if max(d, dv) > 128 else "")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
