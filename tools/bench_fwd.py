@@ -72,20 +72,30 @@ def _masks(text: str) -> list[str]:
 DQ_ATOMIC = False
 
 
-def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False) -> dict:
+def _dims(text: str) -> list[tuple[int, int]]:
+    """--dims: comma list of head dims, each `D` or `DxDV` (head_dim x head_dim_v, e.g. 192x128)."""
+    try:
+        return [tuple(int(x) for x in t.split("x")) * (2 if "x" not in t else 1) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--dims: expected a comma list of D or DxDV (e.g. 64,128,192x128), got {text!r}") from None
+
+
+def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
     atomic = DQ_ATOMIC and not deterministic
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}{'_atomic' if atomic else ''}"
-            f"_d{d}_{'causal' if causal else 'full'}")
+            f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({"bwd_dq_atomic": True} if atomic else {})
-    return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
+    return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
+                mask={"kind": "causal" if causal else "none"},
                 backward=True, deterministic=deterministic, allow_gqa=False, pipeline=pipeline)
 
 
-def _warm_backward(pkg, d: int) -> float:
+def _warm_backward(pkg, d: int, dv: int | None = None) -> float:
     """Compile (or load) the forward and backward of a backward package; seconds taken."""
     t0 = time.perf_counter()
     x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    pkg.attention(x, x, x).sum().backward()
+    y = torch.randn(1, 128, 1, dv or d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    pkg.attention(x, x, y).sum().backward()
     torch.cuda.synchronize()
     return round(time.perf_counter() - t0, 2)
 
@@ -129,7 +139,7 @@ def bwd_columns(res: dict, impls: dict, q, k, v, flops: float) -> None:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
-    ap.add_argument("--dims", default="64,128,256")
+    ap.add_argument("--dims", default="64,128,256", help="comma list of head dims, D or DxDV (e.g. 192x128)")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     ap.add_argument("--ablation", action="store_true", help="s4k/s16k: each pipeline switch off in turn (d: --ablation-dim)")
     ap.add_argument("--ablation-dim", type=int, default=128, help="head dim of the --ablation run")
@@ -163,34 +173,40 @@ def main():
     matmul = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
     print(f"bf16 8192^3 matmul: {matmul} TFLOP/s")
     rows = []
-    for d in map(int, args.dims.split(",")):
+    for d, dv in _dims(args.dims):
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
-            pkg = fa4gen.build(dict(name=f"bench_d{d}_{'causal' if causal else 'full'}", targets=["sm90"],
-                                    dtype="bf16", head_dim=d, mask={"kind": "causal" if causal else "none"},
+            pkg = fa4gen.build(dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}",
+                                    targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv,
+                                    mask={"kind": "causal" if causal else "none"},
                                     pipeline={"tile_m": args.tile_m}))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
-            pkg.attention(x, x, x)
+            pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
             if args.bwd:
-                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab))
-                bwd_first_call_s = _warm_backward(bwd_pkg, d)
-                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab)) if args.deterministic else None
-                det_first_call_s = _warm_backward(det_pkg, d) if det_pkg is not None else None
+                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv))
+                bwd_first_call_s = _warm_backward(bwd_pkg, d, dv)
+                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv)) if args.deterministic else None
+                det_first_call_s = _warm_backward(det_pkg, d, dv) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                res = {"d": d, "seqlen": s, "causal": causal, "batch": b, "heads": h, "first_call_s": first_call_s}
+                flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)  # Q·Kᵀ over d, P·V over dv
+                res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "first_call_s": first_call_s}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
                 if fa4 is not None:
                     impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
-                ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
-                res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
+                try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
+                    ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
+                    res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
+                except Exception as err:  # noqa: BLE001
+                    res["max_abs_diff_vs_cudnn"] = None
+                    res["cudnn_ref_error"] = f"{type(err).__name__}: {err}"[:200]
                 for name, fn in impls.items():
                     try:
                         ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -221,7 +237,8 @@ def main():
         head += " bwd det | det/non-det |" if args.deterministic else ""
     lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s", "", head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
-        line = (f"| {r['d']} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
+        dims = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
+        line = (f"| {dims} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
                 f"{r['cudnn']} | {r['sdpa_flash']} | {r['vs_fa4']} | {r['vs_best']} |")
         if args.bwd:
             line += (f" {r['fa4gen_bwd']} | {r.get('fa4_bwd')} | {r['cudnn_bwd']} | {r['sdpa_flash_bwd']} | "
