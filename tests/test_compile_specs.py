@@ -199,9 +199,10 @@ def _check_backward_sass(name, plan, r, s):
     assert s["ldl"] == 0 and s["stl"] == 0
     assert s["utmaldg"] > 0
     if plan.dq_atomic:  # dQ from registers: 128-bit reductions, (64 x DQ_N) / 512 per thread, per block and run
-        dq_cols = plan.head_dim if plan.tile_m == 128 else plan.tile_m if plan.tile_m % 64 else plan.head_dim // 2
+        from fa4gen.device.sm90 import dq_split  # the kernel's own split of dQ over the warpgroups
+
         assert s["opcodes"].get("UBLKRED", 0) == 0
-        assert s["opcodes"].get("REDG", 0) == runs * 64 * dq_cols // 512
+        assert s["opcodes"].get("REDG", 0) == runs * 64 * dq_split(plan.head_dim, plan.tile_m)[1] // 512
     else:  # dQ: bulk reduce-add
         assert s["opcodes"].get("UBLKRED", 0) > 0
     assert (s["opcodes"].get("UTMAREDG", 0) > 0) == plan.dkv_accum  # GQA dK/dV: TMA reduce-add

@@ -74,10 +74,21 @@ DQ_ATOMIC = False
 
 def _dims(text: str) -> list[tuple[int, int]]:
     """--dims: comma list of head dims, each `D` or `DxDV` (head_dim x head_dim_v, e.g. 192x128)."""
-    try:
-        return [tuple(int(x) for x in t.split("x")) * (2 if "x" not in t else 1) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise SystemExit(f"--dims: expected a comma list of D or DxDV (e.g. 64,128,192x128), got {text!r}") from None
+    dims = []
+    for token in (t.strip() for t in text.split(",") if t.strip()):
+        parts = token.split("x")
+        if len(parts) > 2 or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"--dims: expected a comma list of D or DxDV (e.g. 64,128,192x128), got {text!r}")
+        dims.append((int(parts[0]), int(parts[-1])))
+    return dims
+
+
+def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto") -> dict:
+    """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles)."""
+    dv = dv or d
+    return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}", targets=["sm90"],
+                dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal" if causal else "none"},
+                pipeline={"tile_m": tile_m})
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
@@ -176,10 +187,7 @@ def main():
     for d, dv in _dims(args.dims):
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
-            pkg = fa4gen.build(dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}",
-                                    targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv,
-                                    mask={"kind": "causal" if causal else "none"},
-                                    pipeline={"tile_m": args.tile_m}))
+            pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
             torch.cuda.synchronize()

@@ -19,7 +19,7 @@ import sys
 import torch
 
 import fa4gen
-from bench_fwd import _bwd_spec, _fa4, _first
+from bench_fwd import _bwd_spec, _fa4, _first, _fwd_spec
 
 
 def main():
@@ -29,8 +29,7 @@ def main():
     b, h = 16384 // s, 2048 // d
     q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd) for _ in range(3))
     if fwd:
-        pkg = fa4gen.build(dict(name=f"bench_d{d}_{'causal' if causal else 'full'}", targets=["sm90"], dtype="bf16",
-                                head_dim=d, mask={"kind": "causal" if causal else "none"}))
+        pkg = fa4gen.build(_fwd_spec(d, causal))
         pkg.attention(q, k, v)
         fa4 = _fa4()
         if fa4 is not None:
