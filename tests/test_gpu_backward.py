@@ -44,6 +44,9 @@ SPECS = {
     # dQ added from registers (pipeline.bwd_dq_atomic; auto above d128, forced here on the Sᵀ 80-row dQᵀ
     # chunks), GQA's fp32 dK/dV staged in the Q buffers
     "gb_bf16_d128_none_gqa_dqatomic": dict(dtype="bf16", head_dim=128, pipeline={"bwd_dq_atomic": True}),
+    # deterministic with dQ from registers: each warpgroup takes the query block's turn before its adds
+    "gb_bf16_d256_causal_det_gqa_dqatomic": dict(dtype="bf16", head_dim=256, mask={"kind": "causal"},
+                                                 deterministic=True, pipeline={"bwd_dq_atomic": True}),
     "gb_fp16_d64_window_softcap_det_swap": dict(dtype="fp16", head_dim=64, softcap=20.0, deterministic=True,
                                                 mask={"kind": "sliding_window", "left": 100, "right": 20},
                                                 pipeline={"bwd_swap_ab": True}),
@@ -160,6 +163,7 @@ def test_stride_zero_output_gradient_and_partial_requires_grad():
 @pytest.mark.parametrize("name, shape", [
     ("gb_bf16_d128_none_det_gqa", (2, 1000, 1000, 8, 2)),  # dQ and the GQA dK/dV through semaphores
     ("gb_bf16_d64_causal_softcap_det_mha", (2, 777, 1024, 4, 4)),  # dQ through semaphores
+    ("gb_bf16_d256_causal_det_gqa_dqatomic", (2, 1000, 1000, 8, 2)),  # dQ adds from registers, in turns
 ])
 def test_deterministic_backward_is_bitwise_reproducible(name, shape):
     pkg, spec = _package(name), _resolved(name)

@@ -68,8 +68,10 @@ def _masks(text: str) -> list[str]:
     return masks
 
 
-# --bwd-dq-atomic: fa4gen's non-deterministic backwards with pipeline.bwd_dq_atomic: true (an experiment)
+# --bwd-dq-atomic: fa4gen's non-deterministic backwards with pipeline.bwd_dq_atomic: true (an experiment);
+# --bwd-det-dq-atomic: the deterministic ones (ordered adds from registers)
 DQ_ATOMIC = False
+DET_DQ_ATOMIC = False
 
 
 def _dims(text: str) -> list[tuple[int, int]]:
@@ -92,7 +94,7 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto") -> dic
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
-    atomic = DQ_ATOMIC and not deterministic
+    atomic = DET_DQ_ATOMIC if deterministic else DQ_ATOMIC
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}{'_atomic' if atomic else ''}"
             f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({"bwd_dq_atomic": True} if atomic else {})
@@ -166,9 +168,12 @@ def main():
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
     ap.add_argument("--bwd-dq-atomic", action="store_true",
                     help="with --bwd: fa4gen's non-deterministic backward adds dQ from registers (pipeline.bwd_dq_atomic: true)")
+    ap.add_argument("--bwd-det-dq-atomic", action="store_true",
+                    help="with --deterministic: fa4gen's deterministic backward adds dQ from registers in turns "
+                         "(pipeline.bwd_dq_atomic: true)")
     args = ap.parse_args()
-    global DQ_ATOMIC
-    DQ_ATOMIC = args.bwd_dq_atomic
+    global DQ_ATOMIC, DET_DQ_ATOMIC
+    DQ_ATOMIC, DET_DQ_ATOMIC = args.bwd_dq_atomic, args.bwd_det_dq_atomic
     if args.bwd_stages:
         from fa4gen.plan import sm90
 

@@ -204,9 +204,19 @@ def wait_turn(counter, turn: Int32):
 
 
 @cute.jit
+def wait_turn_at_least(counter, turn: Int32):
+    """Spin (one thread) until the counter at `counter` reads `turn` or more (acquire ordering): for
+    counters that several holders of one turn advance one by one, each waiting for the same value."""
+    seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
+    while seen < turn:
+        seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
+
+
+@cute.jit
 def pass_turn(counter):
     """Hand the counter to the next holder (one thread, release ordering)."""
     cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
 
 
-__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "wait_turn"]
+__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "wait_turn",
+           "wait_turn_at_least"]

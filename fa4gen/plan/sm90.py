@@ -245,15 +245,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # dQ added from the consumers' registers by vector reductions (no hand-off buffer, no dQ warp): by
     # default above d 128, where the hand-off gets one buffer shared in turns next to one dO stage —
     # the d256 profile (session 8, docs/PERF.md) spent most stalls waiting for dO and for that buffer.
-    # Unordered, so never with deterministic: true
+    # With deterministic: true (opt-in, not measured yet) each consumer warpgroup takes the query block's
+    # turn itself before its adds
     atomic = spec.pipeline.bwd_dq_atomic is True or (
         spec.pipeline.bwd_dq_atomic == "auto" and not spec.deterministic and max(d, dv) > 128
     )
-    if atomic and spec.deterministic:
-        problems.append(problem(
-            "pipeline.bwd_dq_atomic", "true adds dQ tiles in whatever order they finish, which deterministic: true "
-            "rules out (set it to false or auto)",
-        ))
     order, fallback = BWD_STAGE_ORDER, (1, 1, 1, 2)  # (nothing fits: the smem budget check reports it)
     if atomic:  # no dQ buffers: GQA's dK/dV epilogue stages its fp32 tiles in the Q buffers, free by then
         order, fallback = tuple(dict.fromkeys(s[:3] + (0,) for s in BWD_STAGE_ORDER)), (2, 1, 1, 0)
@@ -292,7 +288,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         if swap else
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
         "dQ: fp32 tiles in fragment order, "
-        + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer), "
+        + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer"
+           + ("; each warpgroup takes the query block's turn before its adds" if spec.deterministic else "") + "), "
            if atomic else "reduced into global memory by bulk reduce (cp.reduce.async.bulk), ")
         + "put in place by the postprocess",
     ]
