@@ -29,3 +29,17 @@ def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, *
         m_block = longest_first(tile // (num_heads * num_batch), num_m)
         hb = tile % (num_heads * num_batch)
     return m_block, hb % num_heads, hb // num_heads
+
+
+@cute.jit
+def head_grouped(tile: Int32, num_n: Int32, num_hb: Int32, group: Int32):
+    """(n_block, hb) of linear CTA index `tile` of the backward (num_n key blocks per (head, batch) pair
+    hb, num_hb pairs): pairs go in groups of `group`, and within a group every pair's first key block
+    comes first (key blocks ascending, pairs fastest). With a causal mask the first key blocks see the
+    most query blocks, so each group — the grid's last one above all — ends on its shortest CTAs, while
+    the CTAs in flight read the Q/dO of only a few pairs (L2 reuse, as consecutive key blocks do)."""
+    full = group * num_n
+    g = tile // full  # the last group may be partial: tile // full is still its index
+    size = cutlass.min(group, num_hb - g * group)
+    local = tile - g * full
+    return local // size, g * group + local % size

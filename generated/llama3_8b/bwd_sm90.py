@@ -27,6 +27,7 @@ from fa4gen.device import fake
 from fa4gen.device import layout as frag
 from fa4gen.device import mask
 from fa4gen.device import sm90 as hopper
+from fa4gen.device import schedule
 
 DTYPE = cutlass.BFloat16
 HEAD_DIM = 128
@@ -56,6 +57,7 @@ PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
 DQ_HANDOFF = 128 + 32
+LPT_WAVE_CTAS = 132  # CTAs of one wave on an H100/H200 (one CTA per SM): the size of a group of pairs
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
 
@@ -188,7 +190,7 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        grid = (cute.ceil_div(mK.shape[0], TILE_N) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
@@ -213,7 +215,17 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
+        # causal: key blocks ascending (the longest first) with (head, batch) pairs fastest, in groups of
+        # pairs sized to about one wave of CTAs, so the grid ends on its shortest CTAs (schedule.head_grouped)
+        cta, _, _ = cute.arch.block_idx()
+        num_n = cute.ceil_div(mK.shape[0], TILE_N)
+        num_h = cute.size(mQ.shape[2])
+        n_block, hb = schedule.head_grouped(
+            cta, num_n, num_h * cute.size(mQ.shape[3]), cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1))
+        )
+        n_block = cute.arch.make_warp_uniform(n_block)
+        head = cute.arch.make_warp_uniform(hb % num_h)
+        batch = cute.arch.make_warp_uniform(hb // num_h)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]

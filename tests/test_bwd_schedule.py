@@ -1,0 +1,43 @@
+"""Device helpers: the causal backward's CTA order (`schedule.head_grouped`), evaluated on the CPU.
+
+With Python integers the helper's arithmetic runs at trace time, so a one-thread kernel compiled for
+sm_90a checks the exact index map: every (key block, head-batch pair) once, groups of `group` pairs in
+turn, key blocks ascending inside a group with the pairs fastest (so each group, the last above all,
+ends on its shortest causal CTAs), partial last groups included.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.compile
+cute = pytest.importorskip("cutlass.cute")
+
+from fa4gen.compile.aot import target_arch  # noqa: E402
+from fa4gen.device import schedule  # noqa: E402
+
+CASES = [(16, 128, 8), (4, 10, 33), (64, 6, 2), (5, 7, 3), (1, 1, 1), (3, 2, 5)]  # (num_n, num_hb, group)
+
+
+def _check(num_n: int, num_hb: int, group: int):
+    seen = [tuple(int(x) for x in schedule.head_grouped(t, num_n, num_hb, group)) for t in range(num_n * num_hb)]
+    assert sorted(seen) == sorted((n, hb) for n in range(num_n) for hb in range(num_hb)), (num_n, num_hb, group)
+    for g0 in range(0, num_hb, group):  # each group's CTAs are consecutive, key blocks ascending, pairs fastest
+        pairs = list(range(g0, min(g0 + group, num_hb)))
+        start = g0 * num_n
+        block = seen[start: start + len(pairs) * num_n]
+        assert block == [(n, hb) for n in range(num_n) for hb in pairs], (num_n, num_hb, group, g0)
+
+
+def test_head_grouped_order():
+    @cute.kernel
+    def kernel():
+        for case in CASES:
+            _check(*case)
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
+
+    with target_arch("sm_90a"):
+        cute.compile(host)
