@@ -560,9 +560,9 @@ def test_backward_swap_ab_choices_and_limits():
 
 
 def test_backward_dq_atomic_choices():
-    """dQ from registers (no hand-off buffer): auto above d 128 unless deterministic, where the freed buffer
-    buys a second dO stage (GQA too: its dK/dV epilogue stages in the Q buffers); with deterministic only
-    when asked."""
+    """dQ from registers (no hand-off buffer): auto above d 128, where the freed buffer buys a second dO
+    stage (GQA too: its dK/dV epilogue stages in the Q buffers); deterministic too, each warpgroup taking
+    the query block's turn; at d <= 128 only when asked."""
     def bwd(dims, pipe, **kw):
         return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, pipe, backward=True, **kw)),
                             "sm90")[-1]
@@ -574,7 +574,10 @@ def test_backward_dq_atomic_choices():
     assert bwd((192, 128), {}).dq_atomic
     assert not bwd((128, None), {}).dq_atomic and bwd((128, None), {}).dq_buffers == 2
     det = bwd((256, None), {}, deterministic=True)
-    assert (det.dq_atomic, det.dq_buffers) == (False, 1)
+    assert (det.dq_atomic, det.dq_buffers, det.do_stages) == (True, 0, 2)
+    assert any("turn" in n for n in det.notes)
+    det128 = bwd((128, None), {}, deterministic=True)
+    assert (det128.dq_atomic, det128.dq_buffers) == (False, 2)
     assert not bwd((256, None), {"bwd_dq_atomic": False}).dq_atomic
     forced = bwd((128, None), {"bwd_dq_atomic": True})
     assert (forced.dq_atomic, forced.dq_buffers) == (True, 0)
@@ -583,7 +586,7 @@ def test_backward_dq_atomic_choices():
     assert (gqa.dq_atomic, gqa.dq_buffers, gqa.q_stages, gqa.do_stages) == (True, 0, 2, 2)
     gqa128 = bwd((128, None), {"bwd_dq_atomic": True}, allow_gqa=True)  # 64 x 128 fp32 needs both Q stages
     assert (gqa128.dq_buffers, gqa128.q_stages * gqa128.tile_m * 128 * 2 >= 64 * 128 * 4) == (0, True)
-    # deterministic: only when asked (each warpgroup takes the query block's turn before its adds)
-    ordered = bwd((256, None), {"bwd_dq_atomic": True}, deterministic=True)
-    assert (ordered.dq_atomic, ordered.dq_buffers, ordered.do_stages) == (True, 0, 2)
+    # deterministic at d128: only when asked
+    ordered = bwd((128, None), {"bwd_dq_atomic": True}, deterministic=True)
+    assert (ordered.dq_atomic, ordered.dq_buffers) == (True, 0)
     assert any("turn" in n for n in ordered.notes)
