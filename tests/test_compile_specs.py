@@ -7,6 +7,7 @@ to check that the second compile is a cache hit.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -184,6 +185,41 @@ def test_every_block_loop_has_one_exp2_per_score(compiled, cache_root):
             poly = sum(1 for c in range(cols) if plan.poly_every and c % plan.poly_every == plan.poly_every - 1)
             expected = 2 * (cols - poly) + 2
             assert all(ex2 == expected for _, ex2 in loops), f"{name}: (instructions, MUFU.EX2) per loop {loops}, expected {expected} MUFU.EX2"
+
+
+def _function_sass(sass: str, name_part: str) -> str:
+    """The SASS of the one kernel in a module's listing whose .text section name contains name_part."""
+    sections = re.split(r"^//-+ \.text\.", sass, flags=re.M)
+    found = [sec for sec in sections[1:] if name_part in sec.split("\n", 1)[0]]
+    assert len(found) == 1, f"{len(found)} kernels named *{name_part}*"
+    return found[0]
+
+
+def test_dq_postprocess_moves_16_bytes_per_instruction(compiled, cache_root):
+    """The dQ postprocess (sm90.ConvertChunks) reads the fp32 chunks and writes dQ with 128-bit accesses
+    only, through a shared-memory tile: its element-wise 2-byte stores ran at 127 µs against flash-attn-4's
+    49 µs at d128 s1k on the H200 (docs/PERF.md, session 9), 12% of the whole backward there."""
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.device.sm90 import ConvertChunks
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    checked = 0
+    for name, (spec, plans, _, _) in compiled.items():
+        for plan in (p for p in plans if p.direction == "bwd"):
+            if not ConvertChunks(None, plan.head_dim, plan.tile_m, plan.varlen).staged:
+                continue
+            sass = _function_sass(entries[f"{name}.{plan.module}"].file("kernel.sass").read_text(), "ConvertChunks")
+            ops = re.findall(r"\b((?:LDG|STG|LDS|STS)(?:\.[A-Z0-9]+)*)", sass)
+            # (varlen also reads cu_seqlens: 32-bit index loads, not dQ data)
+            loads = [o for o in ops if o.startswith("LDG") and (o.endswith(".128") or not plan.varlen)]
+            stores = [o for o in ops if o.startswith("STG")]
+            assert loads and all(o.endswith(".128") for o in loads), (name, sorted(set(loads)))
+            assert stores and all(o.endswith(".128") for o in stores), (name, sorted(set(stores)))
+            # 2 * 128 threads: tile_m x head_dim fp32 in, as many bf16/fp16 out
+            assert len(loads) == plan.tile_m * plan.head_dim // (2 * 128 * 4), (name, len(loads))
+            assert len(stores) == plan.tile_m * plan.head_dim // (2 * 128 * 8), (name, len(stores))
+            checked += 1
+    assert checked >= 3
 
 
 def _check_backward_sass(name, plan, r, s):

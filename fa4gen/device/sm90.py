@@ -4,6 +4,7 @@ backward's fragment-order dQ chunks.
 Kept out of the templates so that every generated SM90 kernel wires the same, tested pieces.
 """
 
+import math
 from typing import Optional
 
 import cutlass
@@ -14,6 +15,7 @@ from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync
 from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.memory import SmemAllocator
 
 from fa4gen.device import varlen
 
@@ -157,7 +159,11 @@ class ConvertChunks:
     """dQ = scale * its fp32 accumulator, which holds every (tile_m x head_dim) query tile as two chunks
     (one per consumer warpgroup, `dq_split` / `chunk_position`) in fragment order.
     One CTA of 2 warpgroups per (tile, head, batch); with `varlen`, tiles are numbered over the packed
-    sequences as `varlen.tile_of` does and the row offsets come from cu_seqlens."""
+    sequences as `varlen.tile_of` does and the row offsets come from cu_seqlens.
+    The chunks are read with 128-bit loads; the converted values go to their (row, column) in a
+    shared-memory tile (rows padded by 16 bytes: the fragment's scattered 2-byte stores stay free of
+    bank conflicts), which then leaves with 128-bit row-contiguous stores (`staged`). Head dims whose
+    16-byte row vectors do not tile 256 threads evenly (e.g. 80) store element by element instead."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
         self.dtype = dtype
@@ -165,6 +171,10 @@ class ConvertChunks:
         self.tile_m = tile_m
         self.dq_n = dq_split(head_dim, tile_m)[1]
         self.varlen = varlen
+        vecs = head_dim // 8  # 16-byte vectors per dQ row
+        self.row_threads = math.gcd(vecs, 32)  # threads along a row (a power of two dividing the warp)
+        self.staged = head_dim % 8 == 0 and tile_m % (2 * CHUNK_THREADS // self.row_threads) == 0
+        self.row_pitch = head_dim + 8  # elements per shared-memory row
 
     @cute.jit
     def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor], stream):
@@ -172,8 +182,9 @@ class ConvertChunks:
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.dq_n)
         )
         tiles = mAcc.shape[2] // (self.tile_m * self.head_dim)
+        smem = self.tile_m * self.row_pitch * (self.dtype.width // 8) if cutlass.const_expr(self.staged) else 0
         self.kernel(mAcc, mdQ, mCuQ, tiled_mma, scale).launch(
-            grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], stream=stream
+            grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel
@@ -188,14 +199,53 @@ class ConvertChunks:
             seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
             offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
         acc = mAcc[batch, head, None]
-        chunk = cute.make_tensor(acc.iterator + (tile * 2 + w) * chunk_size, cute.make_layout(chunk_size))
-        src = chunk_copy().get_slice(t).partition_S(chunk)
+        # chunks start at multiples of 64 x DQ_N floats: re-typed as 16-byte aligned, so the reads are 128-bit
+        start = acc.iterator + (tile * 2 + w) * chunk_size
+        start = cute.make_ptr(Float32, start.toint(), cute.AddressSpace.gmem, assumed_align=16)
+        src = chunk_copy().get_slice(t).partition_S(cute.make_tensor(start, cute.make_layout(chunk_size)))
         vals = cute.make_rmem_tensor(src.shape, Float32)
         cute.autovec_copy(src, vals)
         coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((64, self.dq_n)))
-        for i in cutlass.range_constexpr(cute.size(vals)):
-            r, c = coords[i]
-            row, col = chunk_position(w, r, c, self.tile_m, self.dq_n)
-            row = m_block * self.tile_m + row
-            if row < seqlen:
-                mdQ[batch, offset + row, head, col] = (vals[i] * scale).to(mdQ.element_type)
+        if cutlass.const_expr(self.staged):
+            sdQ = SmemAllocator().allocate_tensor(
+                self.dtype, cute.make_layout((self.tile_m, self.head_dim), stride=(self.row_pitch, 1)), 16
+            )
+            for i in cutlass.range_constexpr(cute.size(vals)):
+                r, c = coords[i]
+                row, col = chunk_position(w, r, c, self.tile_m, self.dq_n)
+                sdQ[row, col] = (vals[i] * scale).to(self.dtype)
+            cute.arch.sync_threads()
+            store_rows(sdQ, mdQ[batch, None, head, None], offset + m_block * self.tile_m,
+                       seqlen - m_block * self.tile_m, tidx, self.row_threads)
+        else:
+            for i in cutlass.range_constexpr(cute.size(vals)):
+                r, c = coords[i]
+                row, col = chunk_position(w, r, c, self.tile_m, self.dq_n)
+                row = m_block * self.tile_m + row
+                if row < seqlen:
+                    mdQ[batch, offset + row, head, col] = (vals[i] * scale).to(mdQ.element_type)
+
+
+@cute.jit
+def store_rows(sT: cute.Tensor, mT: cute.Tensor, first_row: Int32, rows: Int32, tidx, row_threads: cutlass.Constexpr[int]):
+    """Rows [0, min(rows, tile rows)) of the shared-memory tile sT (tile rows x head dim) to mT's rows
+    first_row... ((seqlen, head dim), unit column stride), 16 bytes per thread per store: 2 * CHUNK_THREADS
+    threads, `row_threads` of them along a row."""
+    tile_rows, width = cute.size(sT, mode=[0]), cute.size(sT, mode=[1])
+    atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), sT.element_type, num_bits_per_copy=128)
+    copy = cute.make_tiled_copy_tv(
+        atom,
+        cute.make_layout((2 * CHUNK_THREADS // row_threads, row_threads), stride=(row_threads, 1)),
+        cute.make_layout((1, 8)),
+    )
+    thr = copy.get_slice(tidx)
+    gT = cute.local_tile(cute.domain_offset((first_row, 0), mT), (tile_rows, width), (0, 0))
+    src = thr.partition_S(sT)
+    dst = thr.partition_D(gT)
+    where = thr.partition_S(cute.make_identity_tensor((tile_rows, width)))
+    frag = cute.make_rmem_tensor(src[None, 0, 0].shape, sT.element_type)
+    for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
+        if where[0, m, 0][0] < rows:
+            for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                cute.autovec_copy(src[None, m, k], frag)
+                cute.copy(atom, frag, dst[None, m, k])
