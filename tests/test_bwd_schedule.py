@@ -41,3 +41,37 @@ def test_head_grouped_order():
 
     with target_arch("sm_90a"):
         cute.compile(host)
+
+
+FWD_CASES = [(64, 32, 8), (16, 64, 16), (5, 7, 3), (1, 1, 1)]  # (num_m, num_hb, group)
+
+
+def _check_fwd(num_m: int, num_hb: int, group: int):
+    seen = [tuple(int(x) for x in schedule.longest_first_grouped(t, num_m, num_hb, group))
+            for t in range(num_m * num_hb)]
+    assert sorted(seen) == sorted((m, hb) for m in range(num_m) for hb in range(num_hb)), (num_m, num_hb, group)
+    for g0 in range(0, num_hb, group):  # each group consecutive, the last (longest) query tile first, pairs fastest
+        pairs = list(range(g0, min(g0 + group, num_hb)))
+        block = seen[g0 * num_m: g0 * num_m + len(pairs) * num_m]
+        assert block == [(m, hb) for m in reversed(range(num_m)) for hb in pairs], (num_m, num_hb, group, g0)
+
+
+def test_forward_longest_first_grouped_order():
+    """The masked forward's CTA order (schedule.longest_first_grouped) and its L2 group size: 50 MB of K/V
+    per group (flash-attn-4's figure), one to L2_MAX_GROUP pairs, no Int32 overflow for long sequences."""
+    @cute.kernel
+    def kernel():
+        for case in FWD_CASES:
+            _check_fwd(*case)
+        assert int(schedule.l2_group(8192, 512)) == 12  # d128 bf16 K+V: 4 MB per pair
+        assert int(schedule.l2_group(8192, 1024)) == 6  # d256: 8 MB
+        assert int(schedule.l2_group(2048, 1024)) == 16  # 2 MB: 25 fit, capped at L2_MAX_GROUP
+        assert int(schedule.l2_group(1 << 20, 1024)) == 1  # 1 GB per pair: still one
+        assert int(schedule.l2_group(1 << 30, 1024)) == 1
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
+
+    with target_arch("sm_90a"):
+        cute.compile(host)

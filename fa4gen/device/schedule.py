@@ -43,3 +43,26 @@ def head_grouped(tile: Int32, num_n: Int32, num_hb: Int32, group: Int32):
     size = cutlass.min(group, num_hb - g * group)
     local = tile - g * full
     return local // size, g * group + local % size
+
+
+# bytes of L2 the longest-first forward plans to keep K/V of a group's heads in (flash-attn-4's figure
+# for the H100/H200's 50 MB L2, which it measured faster than one head at a time)
+L2_KV_BYTES = 50 * 1024 * 1024
+# at most this many pairs per group: on the H200 (session 9, docs/PERF.md) groups of 50-200 short pairs
+# (s1k-2k, d64/d128) ran 2-8% slower than one pair at a time, groups of 6-25 long ones 0-5% faster
+L2_MAX_GROUP = 16
+
+
+@cute.jit
+def l2_group(seqlen_k: Int32, bytes_per_key: cutlass.Constexpr[int]) -> Int32:
+    """(head, batch) pairs whose K and V (seqlen_k x bytes_per_key each pair) fit L2_KV_BYTES, in
+    [1, L2_MAX_GROUP]. Divides the constant first, so long sequences cannot overflow Int32."""
+    return cutlass.min(cutlass.max((L2_KV_BYTES // bytes_per_key) // seqlen_k, Int32(1)), Int32(L2_MAX_GROUP))
+
+
+@cute.jit
+def longest_first_grouped(tile: Int32, num_m: Int32, num_hb: Int32, group: Int32):
+    """(m_block, hb) of linear CTA index `tile` of a masked forward: pairs in groups of `group`, inside a
+    group every pair's last (longest) query tile first, pairs fastest (head_grouped, query tiles reversed)."""
+    i, hb = head_grouped(tile, num_m, num_hb, group)
+    return longest_first(i, num_m), hb
