@@ -110,18 +110,20 @@ def test_tmem_fragments(tile_n):
 def _check_scheduler():
     num_m, heads, batch = 5, 3, 2
     every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
-    for longest_first in (False, True):
-        seen = [tuple(int(x) for x in schedule.tile_coords(t, num_m, heads, batch, longest_first_order=longest_first))
+    for longest_first, group in ((False, 1), (True, 6), (True, 4)):
+        seen = [tuple(int(x) for x in schedule.tile_coords(t, num_m, heads, batch, group, longest_first_order=longest_first))
                 for t in range(num_m * heads * batch)]
         assert sorted(seen) == every
-        if longest_first:  # every (head, batch)'s last query tile first
-            assert [m for m, _, _ in seen[: heads * batch]] == [num_m - 1] * (heads * batch)
+        if longest_first:  # the first group's pairs (head fastest), each with its last query tile first
+            first = min(group, heads * batch)
+            assert seen[:first] == [(num_m - 1, hb % heads, hb // heads) for hb in range(first)]
+            assert [m for m, _, _ in seen[first: 2 * first]] == [num_m - 2] * first
         else:  # a (head, batch)'s query tiles are consecutive
             assert seen[:num_m] == [(m, 0, 0) for m in range(num_m)]
 
 
 def test_tile_scheduler_index_math():
-    """fa4gen.device.schedule.tile_coords (shared with SM90's longest-first order) visits every (m_block, head, batch) once, in the planned order."""
+    """fa4gen.device.schedule.tile_coords (the SM90 forward's grouped longest-first order) visits every (m_block, head, batch) once, in the planned order."""
 
     @cute.kernel
     def kernel():

@@ -16,18 +16,18 @@ def longest_first(i: Int32, num_m: Int32) -> Int32:
 
 
 @cute.jit
-def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, *,
+def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, group: Int32, *,
                 longest_first_order: cutlass.Constexpr[bool]):
     """(m_block, head, batch) of linear work-tile index `tile`.
 
-    Longest-first (masked specs): every head's last query tile first, heads fastest. Otherwise the
-    query tiles of a (head, batch) are consecutive, so CTAs that run at the same time share K/V in L2.
+    Longest-first (masked specs): `longest_first_grouped` over groups of `group` (head, batch) pairs
+    (`l2_group`), the order the SM90 forward launches its CTAs in. Otherwise the query tiles of a
+    (head, batch) are consecutive, so CTAs that run at the same time share K/V in L2.
     """
     m_block = tile % num_m
     hb = tile // num_m
     if cutlass.const_expr(longest_first_order):
-        m_block = longest_first(tile // (num_heads * num_batch), num_m)
-        hb = tile % (num_heads * num_batch)
+        m_block, hb = longest_first_grouped(tile, num_m, num_heads * num_batch, group)
     return m_block, hb % num_heads, hb // num_heads
 
 

@@ -206,6 +206,10 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            lpt_group = Int32(1)
+            if cutlass.const_expr(LONGEST_FIRST):
+                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.wait_for_alloc()
@@ -222,7 +226,7 @@ class FlashFwdSm100:
             sp_phase, st_phase = Int32(0), Int32(1)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, lpt_group, longest_first_order=LONGEST_FIRST)
                 mQ_t = mQ[None, None, head, batch]
                 mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
                 mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
@@ -333,6 +337,10 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            lpt_group = Int32(1)
+            if cutlass.const_expr(LONGEST_FIRST):
+                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.wait_for_alloc()
@@ -347,7 +355,7 @@ class FlashFwdSm100:
             st_phase, o_phase = Int32(0), Int32(0)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, lpt_group, longest_first_order=LONGEST_FIRST)
                 mQ_t = mQ[None, None, head, batch]
                 mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
                 mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
@@ -418,6 +426,10 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            lpt_group = Int32(1)
+            if cutlass.const_expr(LONGEST_FIRST):
+                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.allocate(TMEM_COLS)
@@ -435,7 +447,7 @@ class FlashFwdSm100:
             sp_phase, o_phase = Int32(0), Int32(1)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, lpt_group, longest_first_order=LONGEST_FIRST)
                 mQ_t = mQ[None, None, head, batch]
                 mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
                 mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
@@ -503,13 +515,17 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            lpt_group = Int32(1)
+            if cutlass.const_expr(LONGEST_FIRST):
+                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_TILES)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
             tile = first_tile
             while tile < num_tiles:
-                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, longest_first_order=LONGEST_FIRST)
+                m_block, head, batch = schedule.tile_coords(tile, num_m, num_heads, num_batch, lpt_group, longest_first_order=LONGEST_FIRST)
                 mQ_t = mQ[None, None, head, batch]
                 mK_t = mK[None, None, head // (num_heads // mK.shape[2]), batch]
                 mV_t = mV[None, None, head // (num_heads // mK.shape[2]), batch]
