@@ -69,7 +69,8 @@ def _masks(text: str) -> list[str]:
 
 
 # --bwd-dq-atomic: fa4gen's non-deterministic backwards with pipeline.bwd_dq_atomic: true (an experiment);
-# --bwd-det-dq-atomic: the deterministic ones (ordered adds from registers)
+# --bwd-det-dq-atomic: the deterministic ones (ordered adds from registers). `auto` already takes both
+# above head dim 128, so the flags matter at d <= 128
 DQ_ATOMIC = False
 DET_DQ_ATOMIC = False
 
@@ -170,7 +171,7 @@ def main():
                     help="with --bwd: fa4gen's non-deterministic backward adds dQ from registers (pipeline.bwd_dq_atomic: true)")
     ap.add_argument("--bwd-det-dq-atomic", action="store_true",
                     help="with --deterministic: fa4gen's deterministic backward adds dQ from registers in turns "
-                         "(pipeline.bwd_dq_atomic: true)")
+                         "(pipeline.bwd_dq_atomic: true; auto already does above d128)")
     args = ap.parse_args()
     global DQ_ATOMIC, DET_DQ_ATOMIC
     DQ_ATOMIC, DET_DQ_ATOMIC = args.bwd_dq_atomic, args.bwd_det_dq_atomic
