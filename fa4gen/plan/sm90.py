@@ -304,8 +304,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
                "windowed and chunked masks not measured)" if spec.mask.kind != "none"
                else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "
                     "(H200, session 8, docs/PERF.md)")
-            + ("; above d128 0.58-0.74x (d256, session 8) since the non-deterministic backward adds dQ from "
-               "registers (pipeline.bwd_dq_atomic, +24-34%), which the ordered hand-off cannot" if max(d, dv) > 128 else "")
+            + ("" if not atomic else
+               "; above d128, where both add dQ from registers (pipeline.bwd_dq_atomic; here each warpgroup takes "
+               "the query block's turn first), 0.65-0.72x (d256, H200, session 9)" if max(d, dv) > 128 else
+               "; with dQ from registers forced at d128, 0.65-0.75x (H200, session 9; the hand-off is faster there)")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
