@@ -43,3 +43,17 @@ def test_ab_compare_needs_both_sides(tmp_path):
     _run(tmp_path / "new_1", [(64, 512, False, 1.0, 1.0)])
     with pytest.raises(SystemExit, match="0 ref"):
         _tool().main([str(tmp_path)])
+
+
+def test_ab_compare_deterministic_column(tmp_path):
+    """Runs with --bwd --deterministic get a third table: fa4gen's deterministic backward, new against ref."""
+    for side, det in (("new_1", 90.0), ("ref_1", 60.0)):
+        path = tmp_path / side
+        path.mkdir(parents=True)
+        (path / "bench_bwd.json").write_text(json.dumps({"rows": [
+            {"d": 256, "seqlen": 8192, "causal": False, "fa4gen": 100.0, "fa4": 100.0,
+             "fa4gen_bwd": 120.0, "fa4_bwd": 100.0, "fa4gen_det_bwd": det}]}))
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 256 | 8192 | n | 90.0 | 60.0 | 1.500 | 0.900 | 0.600 |" in text
+    assert "fa4gen_det_bwd: geometric mean new/ref 1.500 over 1 cells, 1 runs each" in text

@@ -1,6 +1,7 @@
 """Table of an A/B run of tools/ab_bench.sh: per grid cell, fa4gen's TFLOP/s of the new tree and of the
 reference in every round, new/ref of their means and each side's ratio to flash-attn-4 (whose column is
-averaged over all rounds of both sides), forward and, when the runs had --bwd, backward; then the
+averaged over all rounds of both sides), forward and, when the runs had --bwd, backward (and with
+--deterministic the deterministic backward, against flash-attn-4's only backward); then the
 geometric mean of new/ref. Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes DIR/ab.md. Runs anywhere:
 `python3 tools/ab_compare.py DIR`.
 """
@@ -50,7 +51,8 @@ def main(argv: list[str] | None = None):
     if not new or not ref:
         raise SystemExit(f"{args.dir}: need new_N/ and ref_N/ folders with bench_*.json (found {len(new)} new, {len(ref)} ref)")
     out = []
-    for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd")):
+    # (the deterministic backward, with --deterministic, against flash-attn-4's non-deterministic one)
+    for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd"), ("fa4gen_det_bwd", "fa4_bwd")):
         if all(r and next(iter(r.values())).get(col) is not None for r in new + ref):
             lines, ratios = table(new, ref, col, fa4_col)
             gm = math.exp(mean(math.log(x) for x in ratios))
