@@ -246,7 +246,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # default above d 128, where the hand-off gets one buffer shared in turns next to one dO stage —
     # the d256 profile (session 8, docs/PERF.md) spent most stalls waiting for dO and for that buffer.
     # With deterministic: true each consumer warpgroup takes the query block's turn itself before its
-    # adds; on the H200 (session 9) that is 0-10% faster than the ordered hand-off at d256 but 13-25%
+    # adds; on the H200 (session 9) that is 0-10% faster than the ordered hand-off at d256 but 18-27%
     # slower at d128, so auto takes it above d 128 there too
     atomic = spec.pipeline.bwd_dq_atomic is True or (spec.pipeline.bwd_dq_atomic == "auto" and max(d, dv) > 128)
     order, fallback = BWD_STAGE_ORDER, (1, 1, 1, 2)  # (nothing fits: the smem budget check reports it)
