@@ -75,3 +75,37 @@ def test_forward_longest_first_grouped_order():
 
     with target_arch("sm_90a"):
         cute.compile(host)
+
+
+def _check_deterministic(num_n: int, heads: int, batch: int, group: int, kv_group: int):
+    """The deterministic backward's launch order (head_grouped, key blocks reversed): every CTA a CTA
+    waits for — the same pair's next key block (dQ turns go last key block first) and, with GQA, the
+    same key block of the previous query head of its KV group (dK/dV turns) — has a smaller linear index,
+    so it was launched earlier and a waiting CTA never holds an SM its predecessor needs."""
+    num_hb = heads * batch
+    index = {}
+    for t in range(num_n * num_hb):
+        i, hb = (int(x) for x in schedule.head_grouped(t, num_n, num_hb, group))
+        index[(num_n - 1 - i, hb)] = t
+    assert len(index) == num_n * num_hb
+    for (n, hb), t in index.items():
+        if n + 1 < num_n:
+            assert index[(n + 1, hb)] < t, (num_n, num_hb, group, n, hb)
+        head = hb % heads
+        if head % kv_group:
+            assert index[(n, hb - 1)] < t, (num_n, num_hb, group, n, hb)
+
+
+def test_deterministic_order_waits_only_on_earlier_ctas():
+    @cute.kernel
+    def kernel():
+        for case in [(128, 8, 2, 3, 1), (32, 16, 8, 16, 4), (5, 6, 1, 4, 2), (7, 3, 3, 16, 3), (1, 4, 1, 1, 2)]:
+            _check_deterministic(*case)
+        assert int(schedule.l2_group(8192, (256 + 256) * 2 + 256 * 4)) == 3  # d256 s8k: 16 MB per pair
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
+
+    with target_arch("sm_90a"):
+        cute.compile(host)

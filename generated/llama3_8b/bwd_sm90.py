@@ -215,14 +215,13 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        # causal: key blocks ascending (the longest first) with (head, batch) pairs fastest, in groups of
-        # pairs sized to about one wave of CTAs, so the grid ends on its shortest CTAs (schedule.head_grouped)
         cta, _, _ = cute.arch.block_idx()
         num_n = cute.ceil_div(mK.shape[0], TILE_N)
         num_h = cute.size(mQ.shape[2])
-        n_block, hb = schedule.head_grouped(
-            cta, num_n, num_h * cute.size(mQ.shape[3]), cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1))
-        )
+        # causal: key blocks ascending (the longest first) with (head, batch) pairs fastest, in groups of
+        # pairs sized to about one wave of CTAs, so the grid ends on its shortest CTAs
+        group = cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1))
+        n_block, hb = schedule.head_grouped(cta, num_n, num_h * cute.size(mQ.shape[3]), group)
         n_block = cute.arch.make_warp_uniform(n_block)
         head = cute.arch.make_warp_uniform(hb % num_h)
         batch = cute.arch.make_warp_uniform(hb // num_h)

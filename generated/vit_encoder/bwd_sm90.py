@@ -26,6 +26,7 @@ from fa4gen.device import bwd
 from fa4gen.device import fake
 from fa4gen.device import layout as frag
 from fa4gen.device import sm90 as hopper
+from fa4gen.device import schedule
 
 DTYPE = cutlass.Float16
 HEAD_DIM = 64
@@ -54,6 +55,8 @@ PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
 DQ_HANDOFF = 128 + 32
+# L2 bytes a (head, batch) pair's query rows occupy while its key blocks run: Q, dO and the fp32 dQ
+QUERY_ROW_BYTES = (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8 + HEAD_DIM * 4
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
 
@@ -173,7 +176,7 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        grid = (cute.ceil_div(mK.shape[0], TILE_N) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdK, tma_dv, mdV,
@@ -199,7 +202,17 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
+        cta, _, _ = cute.arch.block_idx()
+        num_n = cute.ceil_div(mK.shape[0], TILE_N)
+        num_h = cute.size(mQ.shape[2])
+        # deterministic: (head, batch) pairs in groups whose query rows fit L2 together, pairs fastest (key
+        # blocks reversed below). A wave then holds ~132 / group key blocks of each pair, and the CTAs that
+        # wait on one another for a query block's turn (one pair's key blocks) form chains that much shorter
+        group = schedule.l2_group(mQ.shape[0], QUERY_ROW_BYTES)
+        n_block, hb = schedule.head_grouped(cta, num_n, num_h * cute.size(mQ.shape[3]), group)
+        n_block = cute.arch.make_warp_uniform(n_block)
+        head = cute.arch.make_warp_uniform(hb % num_h)
+        batch = cute.arch.make_warp_uniform(hb // num_h)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
