@@ -560,6 +560,18 @@ def test_backward_swap_ab_choices_and_limits():
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]
 
 
+def test_forward_192_128_takes_128_keys():
+    """(192, 128) forward: 128 keys per block unless a sliding window (112), within shared memory."""
+    def fwd(mask, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", mask, {}, **kw)), "sm90")[0]
+
+    for mask in ({"kind": "none"}, {"kind": "causal"}, {"kind": "chunked", "chunk_size": 96}):
+        p = fwd(mask)
+        assert p.tile_n == 128 and p.smem_bytes <= 232448, mask
+    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 112
+    assert plan_kernels(spec_from_dict(_spec_dict(0, (192, None), "bf16", {"kind": "none"}, {})), "sm90")[0].tile_n == 112
+
+
 def test_backward_192_128_takes_128_query_rows():
     """(192, 128): 128 query rows x 64 keys per step, every mask and GQA included, within the shared
     memory budget (2 Q stages of 48 KB, dQ from registers); other head dims keep their tiles."""
