@@ -191,7 +191,13 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mK.shape[0], TILE_N) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
+        # (head, batch) pairs in groups, pairs fastest: x = pair in its group, y = key block, z = group
+        num_n = cute.ceil_div(mK.shape[0], TILE_N)
+        num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        # causal: key blocks ascending (the longest first), groups of pairs about one wave of CTAs wide, so
+        # the grid ends on its shortest CTAs
+        group = schedule.pow2_group(num_hb, cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1)))
+        grid = (group, num_n, num_hb // group)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
@@ -216,16 +222,13 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        cta, _, _ = cute.arch.block_idx()
-        num_n = cute.ceil_div(mK.shape[0], TILE_N)
-        num_h = cute.size(mQ.shape[2])
-        # causal: key blocks ascending (the longest first) with (head, batch) pairs fastest, in groups of
-        # pairs sized to about one wave of CTAs, so the grid ends on its shortest CTAs
-        group = cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1))
-        n_block, hb = schedule.head_grouped(cta, num_n, num_h * cute.size(mQ.shape[3]), group)
-        n_block = cute.arch.make_warp_uniform(n_block)
-        head = cute.arch.make_warp_uniform(hb % num_h)
-        batch = cute.arch.make_warp_uniform(hb // num_h)
+        # blockIdx (pair in group, key block, group): see the grid
+        x, y, z = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        n_block = cute.arch.make_warp_uniform(y)
+        head, batch = schedule.grouped_pair(x, z, gx, cute.size(mQ.shape[2]))
+        head = cute.arch.make_warp_uniform(head)
+        batch = cute.arch.make_warp_uniform(batch)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
