@@ -1,9 +1,10 @@
-"""Device helpers: the causal backward's CTA order (`schedule.head_grouped`), evaluated on the CPU.
+"""Device helpers: the grouped CTA orders of `fa4gen.device.schedule`, evaluated on the CPU — the causal
+backward's (`head_grouped`) and the masked forward's (`longest_first_grouped`, with its L2 group size).
 
-With Python integers the helper's arithmetic runs at trace time, so a one-thread kernel compiled for
-sm_90a checks the exact index map: every (key block, head-batch pair) once, groups of `group` pairs in
-turn, key blocks ascending inside a group with the pairs fastest (so each group, the last above all,
-ends on its shortest causal CTAs), partial last groups included.
+With Python integers the helpers' arithmetic runs at trace time, so a one-thread kernel compiled for
+sm_90a checks the exact index map: every (block, head-batch pair) once, groups of `group` pairs in
+turn, blocks in order inside a group with the pairs fastest (so each group, the last above all, ends on
+its shortest causal CTAs), partial last groups included.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ def _check(num_n: int, num_hb: int, group: int):
         assert block == [(n, hb) for n in range(num_n) for hb in pairs], (num_n, num_hb, group, g0)
 
 
-def test_head_grouped_order():
+def _trace(check):
+    """Run `check` (plain Python over the helpers) while tracing a one-warp kernel compiled for sm_90a."""
     @cute.kernel
     def kernel():
-        for case in CASES:
-            _check(*case)
+        check()
 
     @cute.jit
     def host():
@@ -41,6 +42,10 @@ def test_head_grouped_order():
 
     with target_arch("sm_90a"):
         cute.compile(host)
+
+
+def test_head_grouped_order():
+    _trace(lambda: [_check(*case) for case in CASES])
 
 
 FWD_CASES = [(64, 32, 8), (16, 64, 16), (5, 7, 3), (1, 1, 1)]  # (num_m, num_hb, group)
@@ -59,8 +64,7 @@ def _check_fwd(num_m: int, num_hb: int, group: int):
 def test_forward_longest_first_grouped_order():
     """The masked forward's CTA order (schedule.longest_first_grouped) and its L2 group size: 50 MB of K/V
     per group (flash-attn-4's figure), one to L2_MAX_GROUP pairs, no Int32 overflow for long sequences."""
-    @cute.kernel
-    def kernel():
+    def check():
         for case in FWD_CASES:
             _check_fwd(*case)
         assert int(schedule.l2_group(8192, 512)) == 12  # d128 bf16 K+V: 4 MB per pair
@@ -69,12 +73,7 @@ def test_forward_longest_first_grouped_order():
         assert int(schedule.l2_group(1 << 20, 1024)) == 1  # 1 GB per pair: still one
         assert int(schedule.l2_group(1 << 30, 1024)) == 1
 
-    @cute.jit
-    def host():
-        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
-
-    with target_arch("sm_90a"):
-        cute.compile(host)
+    _trace(check)
 
 
 def _grid_order(num_blocks: int, heads: int, batch: int, group: int) -> list[tuple[int, int]]:
@@ -116,8 +115,7 @@ def _check_deterministic(num_n: int, heads: int, batch: int, limit: int, kv_grou
 
 
 def test_grouped_grids_launch_in_head_grouped_order():
-    @cute.kernel
-    def kernel():
+    def check():
         assert [int(schedule.pow2_group(n, lim)) for n, lim in
                 ((256, 12), (256, 100), (24, 16), (15, 16), (6, 3), (32, 1), (1, 16))] == [8, 16, 8, 1, 2, 1, 1]
         for case in [(8, 16, 16, 25), (64, 16, 2, 12), (5, 3, 2, 4), (7, 6, 1, 16), (1, 1, 1, 16), (3, 12, 3, 3)]:
@@ -126,9 +124,4 @@ def test_grouped_grids_launch_in_head_grouped_order():
             _check_deterministic(*case)
         assert int(schedule.l2_group(8192, (256 + 256) * 2 + 256 * 4)) == 3  # d256 s8k: 16 MB per pair
 
-    @cute.jit
-    def host():
-        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
-
-    with target_arch("sm_90a"):
-        cute.compile(host)
+    _trace(check)
