@@ -231,11 +231,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
     tile_m = 128 if max(d, dv) <= 64 and not (swap and spec.softcap) else 64
-    if (d, dv) == (192, 128) and not swap:
-        # (192, 128): 128 query rows per step next to 64 keys (S, dP, dQ split by rows; dK/dV by head-dim
-        # halves: 64 x 96 + 64 x 64 fp32 per warpgroup). Per query row about 30% fewer instructions than
-        # 64-row steps (CPU SASS, 576 per 128 rows vs 413 per 64), where flash-attn-4 runs 64 x 96 with
-        # dK/dV transposed; 64-row steps measured 0.70-0.78x flash-attn-4 (session 9, docs/PERF.md)
+    if (d, dv) == (192, 128) and not swap and spec.deterministic:
+        # (192, 128) deterministic: 128 query rows per step next to 64 keys (S, dP, dQ split by rows; dK/dV
+        # by head-dim halves: 64 x 96 + 64 x 64 fp32 per warpgroup), so each key block waits for half as
+        # many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
+        # 0-2.7% slower without determinism (all four cells), which keeps 64 rows there
         tile_m = 128
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
