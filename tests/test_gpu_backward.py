@@ -30,7 +30,14 @@ SPECS = {
     "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                              mask={"kind": "chunked", "chunk_size": 96}),
+    # (192, 128) deterministic takes 128 query rows per step next to 64 keys (S, dP, dQ by rows, dK/dV by
+    # head-dim halves); without determinism 64 rows (gb_fp16_d192_128_chunked_softcap)
+    "gb_bf16_d192_128_causal_det_mha": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
+                                            allow_gqa=False, deterministic=True),
+    "gb_bf16_d192_128_none_det_gqa": dict(dtype="bf16", head_dim=192, head_dim_v=128, deterministic=True),
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
+    # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
+    "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),
     "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
                                                deterministic=True, allow_gqa=False),
     # the opt-in Sᵀ layout (pipeline.bwd_swap_ab, d <= 128): Pᵀ/dSᵀ from registers, per-query statistics by shuffle

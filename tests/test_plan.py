@@ -522,7 +522,9 @@ def test_backward_plan_fits_the_budgets(dims, deterministic):
     assert bwd.deterministic == deterministic
     assert bwd.tile_n == (128 if max(spec.head_dim, spec.head_dim_v) <= 128 else 64)
     assert bwd.swap_sdp == (max(spec.head_dim, spec.head_dim_v) <= 128)
-    assert bwd.tile_m == (128 if max(spec.head_dim, spec.head_dim_v) <= 64 else 64)  # causal: no 80-row tile
+    wide = max(spec.head_dim, spec.head_dim_v) <= 64 or ((spec.head_dim, spec.head_dim_v) == (192, 128)
+                                                          and deterministic)
+    assert bwd.tile_m == (128 if wide else 64)  # causal: no 80-row tile
     for budget in bwd.budgets:
         assert budget.used <= budget.limit, budget.line()
     assert bwd.smem_bytes <= 227 * 1024 and min(bwd.q_stages, bwd.do_stages, bwd.pds_stages) >= 1
@@ -557,6 +559,36 @@ def test_backward_swap_ab_choices_and_limits():
     assert bwd((64, None), none, {"bwd_swap_ab": True}, softcap=20.0).tile_m == 64
     err = _plan_error(_spec_dict(0, (256, None), "bf16", none, {"bwd_swap_ab": True}, backward=True))
     assert [p.location for p in err.problems] == ["pipeline.bwd_swap_ab"]
+
+
+def test_forward_192_128_takes_128_keys():
+    """(192, 128) forward: 128 keys per block unless a sliding window (112), within shared memory."""
+    def fwd(mask, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", mask, {}, **kw)), "sm90")[0]
+
+    for mask in ({"kind": "none"}, {"kind": "causal"}, {"kind": "chunked", "chunk_size": 96}):
+        p = fwd(mask)
+        assert p.tile_n == 128 and p.smem_bytes <= 232448, mask
+    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 112
+    assert plan_kernels(spec_from_dict(_spec_dict(0, (192, None), "bf16", {"kind": "none"}, {})), "sm90")[0].tile_n == 112
+
+
+def test_backward_192_128_deterministic_takes_128_query_rows():
+    """(192, 128) deterministic: 128 query rows x 64 keys per step, every mask and GQA included, within the
+    shared memory budget (2 Q stages of 48 KB, dQ from registers); without determinism 64 rows (measured
+    faster there); other head dims keep their tiles."""
+    def bwd(dims, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, **kw)),
+                            "sm90")[-1]
+
+    for kw in ({}, {"allow_gqa": True}, {"softcap": 20.0}):
+        p = bwd((192, 128), deterministic=True, **kw)
+        assert (p.tile_m, p.tile_n, p.dq_atomic, p.dq_buffers) == (128, 64, True, 0), kw
+        assert p.smem_bytes <= 232448 and p.q_stages == 2
+        assert any("128 query rows" in n for n in p.notes)
+        assert bwd((192, 128), **kw).tile_m == 64, kw
+    assert (bwd((256, None), deterministic=True).tile_m, bwd((128, None)).tile_m,
+            bwd((192, 192), deterministic=True).tile_m) == (64, 64, 64)
 
 
 def test_backward_dq_atomic_choices():

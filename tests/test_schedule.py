@@ -74,3 +74,54 @@ def test_forward_longest_first_grouped_order():
         assert int(schedule.l2_group(1 << 30, 1024)) == 1
 
     _trace(check)
+
+
+def _grid_order(num_blocks: int, heads: int, batch: int, group: int) -> list[tuple[int, int]]:
+    """(blockIdx.y, pair) of every CTA of a (group, num_blocks, pairs // group) grid in launch order
+    (x fastest), the pair decoded by schedule.grouped_pair as the kernels do."""
+    order = []
+    for z in range((heads * batch) // group):
+        for y in range(num_blocks):
+            for x in range(group):
+                head, b = (int(v) for v in schedule.grouped_pair(x, z, group, heads))
+                order.append((y, b * heads + head))
+    return order
+
+
+def _check_grid(num_blocks: int, heads: int, batch: int, limit: int):
+    """The grouped grids (SM90 forward's masked CTAs, the causal and deterministic backward's) launch their
+    CTAs in head_grouped's order with a group that divides the pairs: the order the CPU test above checks."""
+    num_hb = heads * batch
+    group = int(schedule.pow2_group(num_hb, limit))
+    assert num_hb % group == 0 and group & (group - 1) == 0 and 1 <= group <= max(1, min(limit, 16))
+    expected = [tuple(int(v) for v in schedule.head_grouped(t, num_blocks, num_hb, group))
+                for t in range(num_blocks * num_hb)]
+    assert _grid_order(num_blocks, heads, batch, group) == expected, (num_blocks, heads, batch, limit)
+
+
+def _check_deterministic(num_n: int, heads: int, batch: int, limit: int, kv_group: int):
+    """The deterministic backward's launch order (grouped grid, key blocks reversed): every CTA a CTA
+    waits for — the same pair's next key block (dQ turns go last key block first) and, with GQA, the
+    same key block of the previous query head of its KV group (dK/dV turns) — launches earlier, so a
+    waiting CTA never holds an SM its predecessor needs."""
+    group = int(schedule.pow2_group(heads * batch, limit))
+    index = {(num_n - 1 - y, hb): t for t, (y, hb) in enumerate(_grid_order(num_n, heads, batch, group))}
+    assert len(index) == num_n * heads * batch
+    for (n, hb), t in index.items():
+        if n + 1 < num_n:
+            assert index[(n + 1, hb)] < t, (num_n, heads, batch, group, n, hb)
+        if (hb % heads) % kv_group:
+            assert index[(n, hb - 1)] < t, (num_n, heads, batch, group, n, hb)
+
+
+def test_grouped_grids_launch_in_head_grouped_order():
+    def check():
+        assert [int(schedule.pow2_group(n, lim)) for n, lim in
+                ((256, 12), (256, 100), (24, 16), (15, 16), (6, 3), (32, 1), (1, 16))] == [8, 16, 8, 1, 2, 1, 1]
+        for case in [(8, 16, 16, 25), (64, 16, 2, 12), (5, 3, 2, 4), (7, 6, 1, 16), (1, 1, 1, 16), (3, 12, 3, 3)]:
+            _check_grid(*case)
+        for case in [(128, 8, 2, 3, 1), (32, 16, 8, 16, 4), (5, 6, 1, 4, 2), (7, 3, 3, 16, 3), (1, 4, 1, 1, 2)]:
+            _check_deterministic(*case)
+        assert int(schedule.l2_group(8192, (256 + 256) * 2 + 256 * 4)) == 3  # d256 s8k: 16 MB per pair
+
+    _trace(check)

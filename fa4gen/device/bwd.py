@@ -7,7 +7,7 @@ so the main kernel forms P = exp2(S * scale_log2 - LSE2) (0 for those rows) and 
 Postprocess: dst = src * scale in the output dtype (dQ from its fp32 accumulator, GQA dK/dV).
 
 Both walk rows of a (batch, seqlen, heads, dim) tensor: a quad of 4 lanes per row, each lane
-taking every fourth 8-element (16-byte) chunk, 32 rows per 128-thread CTA.
+taking every fourth 8-element (16-byte) chunk, 64 rows per 256-thread CTA.
 """
 
 import math
@@ -19,8 +19,10 @@ from cutlass import Float32, Int32
 from fa4gen.device import softmax, varlen
 
 LOG2_E = math.log2(math.e)
-ROWS_PER_CTA = 32
-THREADS = 128
+# 64 rows (quads of 4 lanes) per 256-thread CTA: half the CTAs of 32-row ones (flash-attn-4's preprocess
+# takes 128 rows per 256 threads and ran 68-70 us against our 73-88 us at s1k-2k, session 9)
+THREADS = 256
+ROWS_PER_CTA = THREADS // 4
 VEC = 8
 
 
@@ -36,7 +38,7 @@ def _row_grid(t: cute.Tensor):
 
 @cute.jit
 def _thread_row():
-    """(batch, head, row, lane of the row's quad) of this thread: 4 lanes per row, 32 rows per CTA."""
+    """(batch, head, row, lane of the row's quad) of this thread: 4 lanes per row, ROWS_PER_CTA rows per CTA."""
     tidx, _, _ = cute.arch.thread_idx()
     blk, head, batch = cute.arch.block_idx()
     return batch, head, blk * ROWS_PER_CTA + tidx // 4, tidx % 4
@@ -72,7 +74,7 @@ class Preprocess:
 class PreprocessVarlen(Preprocess):
     """`Preprocess` for packed sequences whose LSE2 / D / dQ accumulator rows are padded per query tile
     (sequence i's tiles numbered after those of the sequences before it, as `varlen.tile_of` does):
-    one CTA per (tile, head), 32 rows per pass; a tile's rows past its sequence get 0 / +inf."""
+    one CTA per (tile, head), ROWS_PER_CTA rows per pass; a tile's rows past its sequence get 0 / +inf."""
 
     def __init__(self, head_dim_v: int, head_dim: int, tile_m: int):
         super().__init__(head_dim_v, head_dim)

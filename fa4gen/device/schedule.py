@@ -66,3 +66,24 @@ def longest_first_grouped(tile: Int32, num_m: Int32, num_hb: Int32, group: Int32
     group every pair's last (longest) query tile first, pairs fastest (head_grouped, query tiles reversed)."""
     i, hb = head_grouped(tile, num_m, num_hb, group)
     return longest_first(i, num_m), hb
+
+
+def pow2_group(num_hb: Int32, limit: Int32) -> Int32:
+    """The largest power of two that divides num_hb, is at most `limit` and at most L2_MAX_GROUP (>= 1).
+
+    Host-side, for grids (group, blocks, num_hb // group): blockIdx.x walks the pairs of a group
+    fastest, blockIdx.y the blocks, blockIdx.z the groups — the launch order of `head_grouped` with
+    groups that divide num_hb, decoded without integer division (`grouped_pair`)."""
+    g = 1
+    for size in [1 << k for k in range(1, L2_MAX_GROUP.bit_length())]:
+        # 1 when limit >= size and size divides num_hb, else 0 (arithmetic: no branch on run-time values)
+        ok = cutlass.min(limit // size, 1) * (1 - cutlass.min(num_hb % size, 1))
+        g = cutlass.max(g, size * ok)
+    return g
+
+
+@cute.jit
+def grouped_pair(x: Int32, z: Int32, group: Int32, num_heads: Int32):
+    """(head, batch) of the CTA at blockIdx (x, ., z) in a grid built with `pow2_group`: pair z * group + x."""
+    hb = z * group + x
+    return hb % num_heads, hb // num_heads

@@ -35,6 +35,9 @@ def _auto_tile_n(head_dim: int) -> int:
 def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
     """(tile_n, the consumer registers per thread the forward needs: O + S + P fragments + overhead)."""
     tile_n = _auto_tile_n(spec.head_dim) if spec.pipeline.tile_n == "auto" else spec.pipeline.tile_n
+    if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128) and spec.mask.kind != "sliding_window":
+        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there; 112 with a window)
+        tile_n = 128
     return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
 
 
@@ -228,6 +231,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
     tile_m = 128 if max(d, dv) <= 64 and not (swap and spec.softcap) else 64
+    if (d, dv) == (192, 128) and not swap and spec.deterministic:
+        # (192, 128) deterministic: 128 query rows per step next to 64 keys (S, dP, dQ split by rows; dK/dV
+        # by head-dim halves: 64 x 96 + 64 x 64 fp32 per warpgroup), so each key block waits for half as
+        # many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
+        # 0-2.7% slower without determinism (all four cells), which keeps 64 rows there
+        tile_m = 128
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =

@@ -93,8 +93,12 @@ class FlashFwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sV_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        # one CTA per (query tile, head, batch), ordered in the kernel (schedule.longest_first_grouped)
-        grid = (cute.ceil_div(mQ.shape[0], TILE_M) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
+        # the longest query tiles (most key blocks) first, (head, batch) pairs fastest, in groups of pairs
+        # whose K/V fit L2 together: x = pair in its group, y = query tile (reversed in the kernel), z = group
+        num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        fit = schedule.l2_group(mK.shape[0], (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+        group = schedule.pow2_group(num_hb, fit)
+        grid = (group, cute.ceil_div(mQ.shape[0], TILE_M), num_hb // group)
         self.kernel(
             tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO,
             mLSE,
@@ -112,17 +116,18 @@ class FlashFwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        # the longest query tiles (most key blocks) first, (head, batch) pairs fastest, in groups of pairs
-        # whose K/V fit L2 together
-        num_h = cute.size(mQ.shape[2])
-        m_block, hb = schedule.longest_first_grouped(
-            m_block, cute.ceil_div(mQ.shape[0], TILE_M), num_h * cute.size(mQ.shape[3]),
-            schedule.l2_group(mK.shape[0], (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8),
-        )
-        m_block = cute.arch.make_warp_uniform(m_block)
-        head = cute.arch.make_warp_uniform(hb % num_h)
-        batch = cute.arch.make_warp_uniform(hb // num_h)
+        # blockIdx (pair in group, query tile, group): see the grid; no division but the pair's (head, batch)
+        x, y, z = cute.arch.block_idx()
+        gx, gy, _ = cute.arch.grid_dim()
+        m_block = cute.arch.make_warp_uniform(gy - 1 - y)
+        head, batch = schedule.grouped_pair(x, z, gx, cute.size(mQ.shape[2]))
+        head = cute.arch.make_warp_uniform(head)
+        batch = cute.arch.make_warp_uniform(batch)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = NUM_MMA_WG * 4
         pipe_q = hopper.tma_pipeline(storage.mbar_q, 1, self.q_bytes, consumer_warps)
@@ -153,8 +158,6 @@ class FlashFwdSm90:
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                for atom in (tma_q, tma_k, tma_v, tma_o):
-                    cpasync.prefetch_descriptor(atom)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)

@@ -146,7 +146,8 @@ class FlashBwdSm90:
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else DQ_N, 1)
+        # K serves dQ's GEMM (DQ_N columns per warpgroup) and takes dK in the epilogue (HEAD_DIM // DKV_SPLIT)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else min(DQ_N, HEAD_DIM // DKV_SPLIT), 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_N, TILE_M, TILE_M, PDS_STAGES)  # dSᵀ: keys x queries
         # one warpgroup's dQ chunk per buffer (flat); allocated only if the plan has buffers
@@ -190,7 +191,13 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mK.shape[0], TILE_N) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3]), 1, 1)
+        # (head, batch) pairs in groups, pairs fastest: x = pair in its group, y = key block, z = group
+        num_n = cute.ceil_div(mK.shape[0], TILE_N)
+        num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        # causal: key blocks ascending (the longest first), groups of pairs about one wave of CTAs wide, so
+        # the grid ends on its shortest CTAs
+        group = schedule.pow2_group(num_hb, cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1)))
+        grid = (group, num_n, num_hb // group)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
@@ -215,17 +222,13 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        # causal: key blocks ascending (the longest first) with (head, batch) pairs fastest, in groups of
-        # pairs sized to about one wave of CTAs, so the grid ends on its shortest CTAs (schedule.head_grouped)
-        cta, _, _ = cute.arch.block_idx()
-        num_n = cute.ceil_div(mK.shape[0], TILE_N)
-        num_h = cute.size(mQ.shape[2])
-        n_block, hb = schedule.head_grouped(
-            cta, num_n, num_h * cute.size(mQ.shape[3]), cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1))
-        )
-        n_block = cute.arch.make_warp_uniform(n_block)
-        head = cute.arch.make_warp_uniform(hb % num_h)
-        batch = cute.arch.make_warp_uniform(hb // num_h)
+        # blockIdx (pair in group, key block, group): see the grid
+        x, y, z = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        n_block = cute.arch.make_warp_uniform(y)
+        head, batch = schedule.grouped_pair(x, z, gx, cute.size(mQ.shape[2]))
+        head = cute.arch.make_warp_uniform(head)
+        batch = cute.arch.make_warp_uniform(batch)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -235,6 +238,10 @@ class FlashBwdSm90:
         mdKacc_s, mdVacc_s = mdKacc[None, None, head_kv, batch], mdVacc[None, None, head_kv, batch]
         mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
@@ -268,8 +275,6 @@ class FlashBwdSm90:
                 tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                for atom in (tma_q, tma_do, tma_k, tma_v):
-                    cpasync.prefetch_descriptor(atom)
                 if m_max > m_min:
                     kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                     pipe_kv.producer_acquire(kv_state)

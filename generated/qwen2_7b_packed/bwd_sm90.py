@@ -155,7 +155,8 @@ class FlashBwdSm90:
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else DQ_N, 1)
+        # K serves dQ's GEMM (DQ_N columns per warpgroup) and takes dK in the epilogue (HEAD_DIM // DKV_SPLIT)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else min(DQ_N, HEAD_DIM // DKV_SPLIT), 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_N, TILE_M, TILE_M, PDS_STAGES)  # dSᵀ: keys x queries
         # one warpgroup's dQ chunk per buffer (flat); allocated only if the plan has buffers
@@ -253,6 +254,10 @@ class FlashBwdSm90:
         mLSE2_s = cute.domain_offset((q_tile0 * TILE_M,), mLSE2[0, head, None])
         mD_s = cute.domain_offset((q_tile0 * TILE_M,), mD[0, head, None])
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
@@ -288,8 +293,6 @@ class FlashBwdSm90:
                 tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                for atom in (tma_q, tma_do, tma_k, tma_v):
-                    cpasync.prefetch_descriptor(atom)
                 if m_max > m_min:
                     kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                     pipe_kv.producer_acquire(kv_state)

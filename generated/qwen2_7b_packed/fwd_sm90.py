@@ -126,6 +126,10 @@ class FlashFwdSm90:
         batch = cute.arch.make_warp_uniform(batch)
         m_block = cute.arch.make_warp_uniform(m_block)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
+            for atom in (tma_q, tma_k, tma_v, tma_o):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = NUM_MMA_WG * 4
         pipe_q = hopper.tma_pipeline(storage.mbar_q, 1, self.q_bytes, consumer_warps)
@@ -162,8 +166,6 @@ class FlashFwdSm90:
                 tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                for atom in (tma_q, tma_k, tma_v, tma_o):
-                    cpasync.prefetch_descriptor(atom)
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)

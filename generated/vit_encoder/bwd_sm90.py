@@ -26,6 +26,7 @@ from fa4gen.device import bwd
 from fa4gen.device import fake
 from fa4gen.device import layout as frag
 from fa4gen.device import sm90 as hopper
+from fa4gen.device import schedule
 
 DTYPE = cutlass.Float16
 HEAD_DIM = 64
@@ -54,6 +55,8 @@ PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
 DQ_HANDOFF = 128 + 32
+# L2 bytes a (head, batch) pair's query rows occupy while its key blocks run: Q, dO and the fp32 dQ
+QUERY_ROW_BYTES = (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8 + HEAD_DIM * 4
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
 
@@ -137,7 +140,8 @@ class FlashBwdSm90:
         # one buffer per operand; the swizzle fits the narrowest per-warpgroup slice of every GEMM reading it
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else DQ_N, 1)
+        # K serves dQ's GEMM (DQ_N columns per warpgroup) and takes dK in the epilogue (HEAD_DIM // DKV_SPLIT)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else min(DQ_N, HEAD_DIM // DKV_SPLIT), 1)
         sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
         sPdS_layout = _smem_layout(DTYPE, TILE_N, TILE_M, TILE_M, PDS_STAGES)  # dSᵀ: keys x queries
         # one warpgroup's dQ chunk per buffer (flat); allocated only if the plan has buffers
@@ -173,7 +177,14 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        # (head, batch) pairs in groups, pairs fastest: x = pair in its group, y = key block, z = group
+        num_n = cute.ceil_div(mK.shape[0], TILE_N)
+        num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        # deterministic: groups whose query rows fit L2 together. A wave then holds ~132 / group key blocks of
+        # each pair, and the CTAs that wait on one another for a query block's turn (one pair's key blocks,
+        # reversed in the kernel) form chains that much shorter
+        group = schedule.pow2_group(num_hb, schedule.l2_group(mQ.shape[0], QUERY_ROW_BYTES))
+        grid = (group, num_n, num_hb // group)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdK, tma_dv, mdV,
@@ -199,7 +210,13 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
+        # blockIdx (pair in group, key block, group): see the grid
+        x, y, z = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        n_block = cute.arch.make_warp_uniform(y)
+        head, batch = schedule.grouped_pair(x, z, gx, cute.size(mQ.shape[2]))
+        head = cute.arch.make_warp_uniform(head)
+        batch = cute.arch.make_warp_uniform(batch)
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -213,6 +230,10 @@ class FlashBwdSm90:
         mdK_s, mdV_s = mdK[None, None, head, batch], mdV[None, None, head, batch]
         mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
+            for atom in (tma_q, tma_do, tma_k, tma_v):
+                cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
@@ -244,8 +265,6 @@ class FlashBwdSm90:
                 tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
                 tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
                 tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                for atom in (tma_q, tma_do, tma_k, tma_v):
-                    cpasync.prefetch_descriptor(atom)
                 if m_max > m_min:
                     kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                     pipe_kv.producer_acquire(kv_state)
