@@ -49,6 +49,8 @@ BWD_VARIANTS = {
     "vlb_bf16_d64_none_mha_det": dict(dtype="bf16", head_dim=64, allow_gqa=False, deterministic=True),
     "vlb_fp16_d128_window_gqa_det": dict(dtype="fp16", head_dim=128, deterministic=True,
                                          mask={"kind": "sliding_window", "left": 100, "right": 20}),
+    # deterministic above d128: dQ from registers, the turn warp waiting and passing per packed query tile
+    "vlb_bf16_d256_causal_gqa_det": dict(dtype="bf16", head_dim=256, mask={"kind": "causal"}, deterministic=True),
     "vlb_bf16_d256_chunked_softcap": dict(dtype="bf16", head_dim=256, mask={"kind": "chunked", "chunk_size": 96},
                                           softcap=20.0),
     # the Sᵀ layout on packed sequences: statistics padded per query tile, bulk-copied with Q

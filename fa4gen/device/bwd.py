@@ -215,9 +215,9 @@ def wait_turn_at_least(counter, turn: Int32):
 
 
 @cute.jit
-def pass_turn(counter):
-    """Hand the counter to the next holder (one thread, release ordering)."""
-    cute.arch.red(counter, Int32(1), op="add", dtype=Int32, sem="release", scope="gpu")
+def pass_turn(counter, count: cutlass.Constexpr[int] = 1):
+    """Hand the counter on by `count` holders (one thread, release ordering)."""
+    cute.arch.red(counter, Int32(count), op="add", dtype=Int32, sem="release", scope="gpu")
 
 
 __all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "wait_turn",

@@ -254,9 +254,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # dQ added from the consumers' registers by vector reductions (no hand-off buffer, no dQ warp): by
     # default above d 128, where the hand-off gets one buffer shared in turns next to one dO stage —
     # the d256 profile (session 8, docs/PERF.md) spent most stalls waiting for dO and for that buffer.
-    # With deterministic: true each consumer warpgroup takes the query block's turn itself before its
-    # adds; on the H200 (session 9) that is 0-10% faster than the ordered hand-off at d256 but 18-27%
-    # slower at d128, so auto takes it above d 128 there too
+    # With deterministic: true a turn warp (producer warp 1) waits for the query block's turn and passes
+    # it once both consumer warpgroups have issued their adds; on the H200 (session 10) that is 14-21%
+    # faster than the consumers taking the turn themselves at d256 (which was itself 0-10% ahead of the
+    # ordered hand-off, session 9), but still 1-7% slower than the hand-off at d128, so auto takes it
+    # above d 128 there too
     atomic = spec.pipeline.bwd_dq_atomic is True or (spec.pipeline.bwd_dq_atomic == "auto" and max(d, dv) > 128)
     order, fallback = BWD_STAGE_ORDER, (1, 1, 1, 2)  # (nothing fits: the smem budget check reports it)
     if atomic:  # no dQ buffers: GQA's dK/dV epilogue stages its fp32 tiles in the Q buffers, free by then
@@ -314,9 +316,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
                else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "
                     "(H200, session 8, docs/PERF.md)")
             + ("" if not atomic else
-               "; above d128, where both add dQ from registers (pipeline.bwd_dq_atomic; here each warpgroup takes "
-               "the query block's turn first), 0.65-0.72x (d256, H200, session 9)" if max(d, dv) > 128 else
-               "; with dQ from registers forced at d128, 0.65-0.75x (H200, session 9; the hand-off is faster there)")
+               "; above d128, where both add dQ from registers (pipeline.bwd_dq_atomic; a turn warp waits for the "
+               "query block's turn and passes it after the adds), 0.79-0.88x (d256 and (192, 128), H200, session 10)"
+               if max(d, dv) > 128 else
+               "; with dQ from registers forced at d128, 0.86-0.88x (H200, session 10; the hand-off's 0.90-0.95x "
+               "in the same call is faster there)")
         )
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE

@@ -54,8 +54,8 @@ MASK = dict(causal=False, local=True, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
-DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
-DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
+DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
+DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
 DQ_HANDOFF = 128 + 32
 DQ_BUFS = 0  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 

@@ -54,8 +54,8 @@ MASK = dict(causal=True, local=False, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
-DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
-DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
+DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
+DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
 DQ_HANDOFF = 128 + 32
 LPT_WAVE_CTAS = 132  # CTAs of one wave on an H100/H200 (one CTA per SM): the size of a group of pairs
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)

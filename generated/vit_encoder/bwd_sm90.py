@@ -52,8 +52,8 @@ STAT_SETS = (TILE_M + 63) // 64  # Sᵀ: per-query statistics held 2 per lane pe
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
-DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory
-DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out
+DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
+DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
 DQ_HANDOFF = 128 + 32
 # L2 bytes a (head, batch) pair's query rows occupy while its key blocks run: Q, dO and the fp32 dQ
 QUERY_ROW_BYTES = (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8 + HEAD_DIM * 4
