@@ -1,5 +1,7 @@
-"""Shared test helpers: the CLI in a subprocess, and a per-module on-disk kernel cache."""
+"""Shared test helpers: the CLI in a subprocess, a tool script as a module, and a per-module on-disk
+kernel cache."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +18,14 @@ def fa4gen_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-m", "fa4gen", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120
     )
+
+
+def load_tool(name: str):
+    """tools/<name>.py loaded as a module (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", ROOT / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @pytest.fixture(scope="module")

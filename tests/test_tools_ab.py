@@ -2,21 +2,17 @@
 check that it averages each side, divides by the mean flash-attn-4 column and skips the backward table
 when the runs had no backward columns."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from conftest import load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "ab_compare.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ab_compare_tool", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("ab_compare")
 
 
 def _run(path: Path, rows):

@@ -1,20 +1,15 @@
 """tools/ncu_compare.py reads Nsight Compute's source-page CSV export (one block per kernel) on any
 machine; a hand-written two-kernel export checks its parsing and per-opcode sums."""
 
-import importlib.util
-from pathlib import Path
+from conftest import load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "ncu_compare.py"
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
           '"L1 Wavefronts Shared","L1 Wavefronts Shared Ideal","stall_barrier","stall_long_sb",'
           '"stall_barrier (Not Issued)"')
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ncu_compare_tool", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("ncu_compare")
 
 
 def _block(name, rows):

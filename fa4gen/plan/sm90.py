@@ -299,7 +299,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
         "dQ: fp32 tiles in fragment order, "
         + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer"
-           + ("; each warpgroup takes the query block's turn before its adds" if spec.deterministic else "") + "), "
+           + ("; a turn warp waits for the query block's turn and passes it after the adds" if spec.deterministic else "") + "), "
            if atomic else "reduced into global memory by bulk reduce (cp.reduce.async.bulk), ")
         + "put in place by the postprocess",
     ]
