@@ -4,10 +4,9 @@ issue MMAs (hand-written SASS, no compile)."""
 
 import re
 
+from conftest import load_tool
 from fa4gen.compile.sass import loops
 from fa4gen.spec import spec_from_dict
-from conftest import load_tool
-
 
 
 def _tool():
