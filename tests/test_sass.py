@@ -334,13 +334,9 @@ def test_spills_in_mma_loops_counts_only_the_main_loop():
 
 def test_sass_loops_tool_counts_opcodes_per_loop():
     """tools/sass_loops.py --ops: opcodes without modifiers or predicates, per listed loop."""
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_tool
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "sass_loops.py"
-    spec = importlib.util.spec_from_file_location("sass_loops_tool", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("sass_loops")
 
     def line(addr, text):
         return f"        /*{addr:04x}*/                   {text} ;"

@@ -1,0 +1,70 @@
+"""The deterministic backward above d128 (dQ from the consumers' registers) keeps its turns off the
+consumer warpgroups: compiled for sm_90a on the CPU, its per-block MMA loops issue the dQ reductions
+but no semaphore poll (ATOMG) and no gpu-scope fence (MEMBAR.*.GPU; the loop's CTA-scope one orders
+P/dS in shared memory) — the turn warp does both. With the poll and the
+release in the consumers the deterministic d256 backward ran 14-21% slower on the H200 (docs/PERF.md,
+session 10)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+pytest.importorskip("cutlass")
+from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
+
+if find_nvdisasm() is None:
+    pytest.skip("nvdisasm not installed (needed for the SASS)", allow_module_level=True)
+
+SPEC = dict(name="tw_d256_causal_det", targets=["sm90"], dtype="bf16", head_dim=256, mask={"kind": "causal"},
+            backward=True, deterministic=True, allow_gqa=False)
+
+
+@pytest.fixture(scope="module")
+def bwd_sass(tmp_path_factory):
+    from fa4gen.builder import compile_package, plan_spec, write_package
+    from fa4gen.compile.aot import SASS_FILE
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.render import render_package
+    from fa4gen.spec import spec_from_dict
+
+    tmp = tmp_path_factory.mktemp("turn_warp")
+    old = os.environ.get("FA4GEN_CACHE_DIR")
+    os.environ["FA4GEN_CACHE_DIR"] = str(tmp / "cache")
+    sys.path.insert(0, str(tmp))
+    try:
+        spec = spec_from_dict(SPEC)
+        plans, _ = plan_spec(spec, archs=["sm90"])
+        bwd = next(p for p in plans if p.direction == "bwd")
+        write_package(render_package(spec, [bwd], spec_label="turn_warp", unavailable={}), tmp / "tw_gen")
+        (report,) = compile_package(tmp / "tw_gen" / spec.name, f"tw_gen.{spec.name}", [bwd], keep_sass=True)
+        assert report.status == "compiled", report.detail
+        entry = next(e for e in DiskCache(tmp / "cache").ls() if e.meta.get("name") == f"{spec.name}.{bwd.module}")
+        text = entry.file(SASS_FILE).read_text()
+    finally:
+        sys.path.remove(str(tmp))
+        if old is None:
+            os.environ.pop("FA4GEN_CACHE_DIR", None)
+        else:
+            os.environ["FA4GEN_CACHE_DIR"] = old
+    main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]
+    assert len(main) == 1
+    return bwd, main[0]
+
+
+def test_consumer_loops_neither_poll_nor_fence(bwd_sass):
+    plan, sass = bwd_sass
+    assert plan.dq_atomic and plan.deterministic
+    # S, dP (over the head dims), dQ (over the keys), dV, dK (over the query rows): one block's HGMMAs
+    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
+    block_loops = [body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block]
+    assert len(block_loops) == 2  # causal: the masked and the mask-free run
+    for body in block_loops:
+        assert any("RED" in line and ".ADD" in line for line in body)  # the dQ adds are the consumers'
+        assert not any("ATOMG" in line or ("MEMBAR" in line and ".GPU" in line) for line in body)
+    # ... and the turn warp polls and fences
+    assert any("ATOMG" in line for line in sass.splitlines())
+    assert any("MEMBAR" in line and ".GPU" in line for line in sass.splitlines())
