@@ -222,7 +222,7 @@ class Pipeline(_Model):
         description="Backward: add each dQ tile into global memory with vector reductions from "
         "registers (red.global.add.v4.f32) instead of a shared-memory hand-off and bulk reduce; "
         "frees that buffer for pipeline stages. auto: above head_dim 128; with deterministic: true "
-        "each warpgroup takes the query block's turn before its adds.",
+        "a turn warp waits for each query block's turn and passes it once the adds are issued.",
     )
 
     @field_validator("ping_pong", "intra_wg_overlap", "bwd_swap_ab", "bwd_dq_atomic", mode="wrap")
