@@ -125,11 +125,14 @@ def diff_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
 
 
 def compile_package(
-    pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool, progress=None
+    pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool, progress=None, cache=None
 ) -> list[KernelReport]:
+    """Compile `plans` of the rendered package `pkg_dir` (importable as `package_name`) into `cache` (the
+    default kernel cache when None); a report per plan, a failed compile included."""
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.generated import compile_generated
 
+    cache = cache if cache is not None else DiskCache()
     reports = []
     for plan in plans:
         if progress is not None:
@@ -137,7 +140,7 @@ def compile_package(
         try:
             res = compile_generated(
                 pkg_dir / f"{plan.module}.py", f"{package_name}.{plan.module}", plan.to_dict(),
-                cache=DiskCache(), keep_sass=keep_sass,
+                cache=cache, keep_sass=keep_sass,
             )
         except Exception as err:  # noqa: BLE001 - reported per kernel, the build goes on
             reports.append(KernelReport(plan.arch, plan.module, "failed", f"{type(err).__name__}: {err}"))
@@ -146,6 +149,33 @@ def compile_package(
             plan.arch, plan.module, "cached" if res.cache_hit else "compiled", meta=dict(res.meta), seconds=res.seconds,
         ))
     return reports
+
+
+def compile_for_sass(
+    spec: AttentionSpec, plans: list[KernelPlan], root: Path, package: str
+) -> list[tuple[KernelPlan, KernelReport, str | None]]:
+    """Render `plans` of `spec` into root/<package>/ and compile them, SASS kept, into a kernel cache of
+    their own under root/cache (CPU-side inspection: tools/sass_loops.py, tools/spill_sweep.py, SASS
+    tests). (plan, report, its SASS listing or None when the compile failed) per plan."""
+    import sys
+
+    from fa4gen.compile.aot import SASS_FILE
+    from fa4gen.compile.cache import DiskCache
+
+    cache = DiskCache(root / "cache")
+    write_package(render_package(spec, plans, spec_label=package, unavailable={}), root / package)
+    sys.path.insert(0, str(root))
+    try:
+        reports = compile_package(root / package / spec.name, f"{package}.{spec.name}", plans, keep_sass=True,
+                                  cache=cache)
+    finally:
+        sys.path.remove(str(root))
+    entries = {e.meta.get("name"): e for e in cache.ls()}
+    out = []
+    for plan, report in zip(plans, reports):
+        entry = entries.get(f"{spec.name}.{plan.module}")
+        out.append((plan, report, entry.file(SASS_FILE).read_text() if entry is not None else None))
+    return out
 
 
 def build_module(spec: Any, *, out_dir: str | Path | None = None):

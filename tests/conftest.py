@@ -28,6 +28,25 @@ def load_tool(name: str):
     return mod
 
 
+def trace_in_kernel(check, arch: str, threads: int = 32) -> None:
+    """Run `check` (plain Python over device helpers, asserting as it goes) while tracing a one-CTA kernel
+    of `threads` threads compiled for `arch` on the CPU (the helpers see DSL values, as in a kernel)."""
+    import cutlass.cute as cute
+
+    from fa4gen.compile.aot import target_arch
+
+    @cute.kernel
+    def kernel():
+        check()
+
+    @cute.jit
+    def host():
+        kernel().launch(grid=(1, 1, 1), block=(threads, 1, 1))
+
+    with target_arch(arch):
+        cute.compile(host)
+
+
 @pytest.fixture(scope="module")
 def cache_root(tmp_path_factory):
     """A fresh FA4GEN_CACHE_DIR for the whole test module."""

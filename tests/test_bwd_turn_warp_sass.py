@@ -5,10 +5,6 @@ P/dS in shared memory) — the turn warp does both. With the poll and the
 release in the consumers the deterministic d256 backward ran 14-21% slower on the H200 (docs/PERF.md,
 session 10)."""
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.compile
@@ -25,31 +21,14 @@ SPEC = dict(name="tw_d256_causal_det", targets=["sm90"], dtype="bf16", head_dim=
 
 @pytest.fixture(scope="module")
 def bwd_sass(tmp_path_factory):
-    from fa4gen.builder import compile_package, plan_spec, write_package
-    from fa4gen.compile.aot import SASS_FILE
-    from fa4gen.compile.cache import DiskCache
-    from fa4gen.render import render_package
+    from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.spec import spec_from_dict
 
-    tmp = tmp_path_factory.mktemp("turn_warp")
-    old = os.environ.get("FA4GEN_CACHE_DIR")
-    os.environ["FA4GEN_CACHE_DIR"] = str(tmp / "cache")
-    sys.path.insert(0, str(tmp))
-    try:
-        spec = spec_from_dict(SPEC)
-        plans, _ = plan_spec(spec, archs=["sm90"])
-        bwd = next(p for p in plans if p.direction == "bwd")
-        write_package(render_package(spec, [bwd], spec_label="turn_warp", unavailable={}), tmp / "tw_gen")
-        (report,) = compile_package(tmp / "tw_gen" / spec.name, f"tw_gen.{spec.name}", [bwd], keep_sass=True)
-        assert report.status == "compiled", report.detail
-        entry = next(e for e in DiskCache(tmp / "cache").ls() if e.meta.get("name") == f"{spec.name}.{bwd.module}")
-        text = entry.file(SASS_FILE).read_text()
-    finally:
-        sys.path.remove(str(tmp))
-        if old is None:
-            os.environ.pop("FA4GEN_CACHE_DIR", None)
-        else:
-            os.environ["FA4GEN_CACHE_DIR"] = old
+    spec = spec_from_dict(SPEC)
+    plans, _ = plan_spec(spec, archs=["sm90"])
+    bwd = next(p for p in plans if p.direction == "bwd")
+    ((_, report, text),) = compile_for_sass(spec, [bwd], tmp_path_factory.mktemp("turn_warp"), "tw_gen")
+    assert report.status == "compiled", report.detail
     main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]
     assert len(main) == 1
     return bwd, main[0]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.compile
-cute = pytest.importorskip("cutlass.cute")
+pytest.importorskip("cutlass.cute")
 
-from fa4gen.compile.aot import target_arch  # noqa: E402
+from conftest import trace_in_kernel  # noqa: E402
 from fa4gen.device import schedule  # noqa: E402
 
 CASES = [(16, 128, 8), (4, 10, 33), (64, 6, 2), (5, 7, 3), (1, 1, 1), (3, 2, 5)]  # (num_n, num_hb, group)
@@ -30,22 +30,8 @@ def _check(num_n: int, num_hb: int, group: int):
         assert block == [(n, hb) for n in range(num_n) for hb in pairs], (num_n, num_hb, group, g0)
 
 
-def _trace(check):
-    """Run `check` (plain Python over the helpers) while tracing a one-warp kernel compiled for sm_90a."""
-    @cute.kernel
-    def kernel():
-        check()
-
-    @cute.jit
-    def host():
-        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
-
-    with target_arch("sm_90a"):
-        cute.compile(host)
-
-
 def test_head_grouped_order():
-    _trace(lambda: [_check(*case) for case in CASES])
+    trace_in_kernel(lambda: [_check(*case) for case in CASES], "sm_90a")
 
 
 FWD_CASES = [(64, 32, 8), (16, 64, 16), (5, 7, 3), (1, 1, 1)]  # (num_m, num_hb, group)
@@ -73,7 +59,7 @@ def test_forward_longest_first_grouped_order():
         assert int(schedule.l2_group(1 << 20, 1024)) == 1  # 1 GB per pair: still one
         assert int(schedule.l2_group(1 << 30, 1024)) == 1
 
-    _trace(check)
+    trace_in_kernel(check, "sm_90a")
 
 
 def _grid_order(num_blocks: int, heads: int, batch: int, group: int) -> list[tuple[int, int]]:
@@ -124,4 +110,4 @@ def test_grouped_grids_launch_in_head_grouped_order():
             _check_deterministic(*case)
         assert int(schedule.l2_group(8192, (256 + 256) * 2 + 256 * 4)) == 3  # d256 s8k: 16 MB per pair
 
-    _trace(check)
+    trace_in_kernel(check, "sm_90a")

@@ -23,7 +23,7 @@ cute = pytest.importorskip("cutlass.cute")
 
 from cutlass import Float32  # noqa: E402
 
-from fa4gen.compile.aot import target_arch  # noqa: E402
+from conftest import trace_in_kernel  # noqa: E402
 from fa4gen.device import schedule
 from fa4gen.device import sm100 as bw  # noqa: E402
 
@@ -95,16 +95,7 @@ def _check_tile(tile_n: int):
 
 @pytest.mark.parametrize("tile_n", [64, 128])
 def test_tmem_fragments(tile_n):
-    @cute.kernel
-    def kernel():
-        _check_tile(tile_n)
-
-    @cute.jit
-    def host():
-        kernel().launch(grid=(1, 1, 1), block=(128, 1, 1))
-
-    with target_arch("sm_100a"):
-        cute.compile(host)
+    trace_in_kernel(lambda: _check_tile(tile_n), "sm_100a", threads=128)
 
 
 def _check_scheduler():
@@ -125,13 +116,4 @@ def _check_scheduler():
 def test_tile_scheduler_index_math():
     """fa4gen.device.schedule.tile_coords (the SM90 forward's grouped longest-first order) visits every (m_block, head, batch) once, in the planned order."""
 
-    @cute.kernel
-    def kernel():
-        _check_scheduler()
-
-    @cute.jit
-    def host():
-        kernel().launch(grid=(1, 1, 1), block=(32, 1, 1))
-
-    with target_arch("sm_100a"):
-        cute.compile(host)
+    trace_in_kernel(_check_scheduler, "sm_100a")

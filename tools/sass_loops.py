@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -60,28 +59,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", type=Path, default=None, help="also write each kernel's SASS listing into this folder")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
-    from fa4gen.builder import compile_package, plan_spec, write_package
-    from fa4gen.render import render_package
+    from fa4gen.builder import compile_for_sass, plan_spec
 
     spec = _spec(args.spec)
     plans, _ = plan_spec(spec, archs=args.arch)
-    with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:
-        os.environ["FA4GEN_CACHE_DIR"] = str(Path(tmp) / "cache")  # a fresh cache: every kernel compiled here
-        root = Path(tmp) / "sassloops_gen"
-        write_package(render_package(spec, plans, spec_label="sass_loops", unavailable={}), root)
-        sys.path.insert(0, tmp)
-        reports = compile_package(root / spec.name, f"sassloops_gen.{spec.name}", plans, keep_sass=True)
-        from fa4gen.compile.aot import SASS_FILE
-        from fa4gen.compile.cache import DiskCache
-
-        entries = {e.meta.get("name"): e for e in DiskCache(Path(tmp) / "cache").ls()}
-        for plan, report in zip(plans, reports):
-            entry = entries.get(f"{spec.name}.{plan.module}")
+    with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:  # a fresh cache: every kernel compiled here
+        for plan, report, sass in compile_for_sass(spec, plans, Path(tmp), "sassloops_gen"):
             print(f"{spec.name} {plan.arch} {plan.module}: {report.status} {report.detail}".rstrip()
                   + (f", {report.meta['registers']} registers" if report.meta.get("registers") else ""))
-            if entry is None:
+            if sass is None:
                 continue
-            sass = entry.file(SASS_FILE).read_text()
             if args.dump is not None:
                 args.dump.mkdir(parents=True, exist_ok=True)
                 (args.dump / f"{spec.name}.{plan.module}.sass").write_text(sass)

@@ -17,7 +17,6 @@ import itertools
 import json
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -67,17 +66,12 @@ def _mma_loop_spills(sass: str, loops) -> list[tuple[int, int, int]]:
 
 
 def sweep(specs, out_rows):
-    from fa4gen.builder import compile_package, plan_spec, write_package
-    from fa4gen.compile.aot import SASS_FILE
-    from fa4gen.compile.cache import DiskCache
+    from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.compile.sass import loops
     from fa4gen.plan import PlanError
-    from fa4gen.render import render_package
     from fa4gen.spec import spec_from_dict
 
     with tempfile.TemporaryDirectory(prefix="fa4gen-spills-") as tmp:
-        os.environ["FA4GEN_CACHE_DIR"] = str(Path(tmp) / "cache")
-        sys.path.insert(0, tmp)
         for data in specs:
             try:
                 spec = spec_from_dict(data)
@@ -86,17 +80,11 @@ def sweep(specs, out_rows):
                 out_rows.append(dict(spec=data["name"], refused=str(err).splitlines()[0][:160]))
                 print(f"{data['name']}: refused: {str(err).splitlines()[0][:120]}", flush=True)
                 continue
-            root = Path(tmp) / "sw_gen"
-            write_package(render_package(spec, plans, spec_label="spill_sweep", unavailable={}), root)
-            compile_package(root / spec.name, f"sw_gen.{spec.name}", plans, keep_sass=True)
-            entries = {e.meta.get("name"): e for e in DiskCache(Path(tmp) / "cache").ls()}
-            for plan in plans:
-                entry = entries.get(f"{spec.name}.{plan.module}")
-                if entry is None:
-                    out_rows.append(dict(spec=spec.name, kernel=plan.module, error="not compiled"))
-                    print(f"{spec.name} {plan.module}: NOT COMPILED", flush=True)
+            for plan, report, sass in compile_for_sass(spec, plans, Path(tmp), "sw_gen"):
+                if sass is None:
+                    out_rows.append(dict(spec=spec.name, kernel=plan.module, error=report.detail or "not compiled"))
+                    print(f"{spec.name} {plan.module}: NOT COMPILED {report.detail}", flush=True)
                     continue
-                sass = entry.file(SASS_FILE).read_text()
                 per_fn = {}
                 for fn, body in _functions(sass):
                     n = len(re.findall(r"\b(?:LDL|STL)\b", body))
