@@ -237,6 +237,13 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         # many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
         # 0-2.7% slower without determinism (all four cells), which keeps 64 rows there
         tile_m = 128
+    # (192, 128) without determinism or GQA: flash-attn-4's tile, 64 query rows x 96 keys, with dK and dV
+    # computed transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P: head dims on WGMMA's M, each warpgroup 48 keys:
+    # 192 x 48 + 128 x 48 fp32, 120 registers), since 96 key rows do not split into 64-row WGMMA tiles.
+    # The 64 x 64 tile runs 0.74-0.78x flash-attn-4 there (session 10, docs/PERF.md)
+    dkv_t = (d, dv) == (192, 128) and not swap and not spec.deterministic and not spec.allow_gqa
+    if dkv_t:
+        tile_n = 96
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
@@ -296,7 +303,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         f"{'dS' if swap else 'P/dS'} {pds_stages}, dQ buffers {dq_buffers} (the most that fit {SMEM_BUDGET} bytes)",
         ("Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" + ("; dQᵀ = Kᵀ·dSᵀ (80 query rows)" if tile_m % 64 else ""))
         if swap else
-        "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
+        (f"S = Q·Kᵀ ({tile_n} keys per step): P and dS feed dV and dK from shared memory"
+         + ("; dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P (head dims on WGMMA's M, 48 keys per warpgroup), stored transposed"
+            if dkv_t else "")),
         "dQ: fp32 tiles in fragment order, "
         + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer"
            + ("; a turn warp waits for the query block's turn and passes it after the adds" if spec.deterministic else "") + "), "
@@ -347,5 +356,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         dq_atomic=atomic,
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
+        dkv_transposed=dkv_t,
         smem_bytes=smem,
     )
