@@ -644,3 +644,19 @@ def test_backward_192_128_mha_computes_dkv_transposed():
     assert (det.tile_m, det.tile_n, det.dkv_transposed) == (128, 64, False)
     for dims in ((256, None), (128, None), (64, None), (192, 192)):
         assert not bwd(dims, allow_gqa=False).dkv_transposed
+
+
+def test_backward_192_128_deterministic_dkvt_switch(monkeypatch):
+    """The experiment switch (tools/bench_fwd.py --bwd-det-dkvt) gives deterministic (192, 128) MHA the
+    64 x 96 transposed tile instead of 128 x 64; GQA keeps 128 x 64 either way."""
+    from fa4gen.plan import sm90
+
+    def bwd(**kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", {"kind": "causal"}, {}, backward=True,
+                                                      deterministic=True, **kw)), "sm90")[-1]
+
+    assert (bwd(allow_gqa=False).tile_m, bwd(allow_gqa=False).dkv_transposed) == (128, False)
+    monkeypatch.setattr(sm90, "DKVT_DETERMINISTIC", True)
+    p = bwd(allow_gqa=False)
+    assert (p.tile_m, p.tile_n, p.dkv_transposed, p.deterministic) == (64, 96, True, True)
+    assert (bwd(allow_gqa=True).tile_m, bwd(allow_gqa=True).dkv_transposed) == (128, False)
