@@ -35,6 +35,11 @@ SPECS = {
     "gb_bf16_d192_128_causal_det_mha": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
                                             allow_gqa=False, deterministic=True),
     "gb_bf16_d192_128_none_det_gqa": dict(dtype="bf16", head_dim=192, head_dim_v=128, deterministic=True),
+    # (192, 128) MHA: 64 x 96 tiles with dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P (flash-attn-4's layout), stored transposed
+    "gb_bf16_d192_128_none_mha_dkvt": dict(dtype="bf16", head_dim=192, head_dim_v=128, allow_gqa=False),
+    "gb_fp16_d192_128_window_softcap_mha_dkvt": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
+                                                     mask={"kind": "sliding_window", "left": 100, "right": 20},
+                                                     allow_gqa=False),
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
     # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
     "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),

@@ -51,6 +51,9 @@ BWD_VARIANTS = {
                                          mask={"kind": "sliding_window", "left": 100, "right": 20}),
     # deterministic above d128: dQ from registers, the turn warp waiting and passing per packed query tile
     "vlb_bf16_d256_causal_gqa_det": dict(dtype="bf16", head_dim=256, mask={"kind": "causal"}, deterministic=True),
+    # (192, 128) MHA: 64 x 96 tiles, dK/dV computed transposed
+    "vlb_bf16_d192_128_causal_mha_dkvt": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
+                                              allow_gqa=False),
     "vlb_bf16_d256_chunked_softcap": dict(dtype="bf16", head_dim=256, mask={"kind": "chunked", "chunk_size": 96},
                                           softcap=20.0),
     # the Sᵀ layout on packed sequences: statistics padded per query tile, bulk-copied with Q

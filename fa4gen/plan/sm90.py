@@ -176,6 +176,10 @@ REGS_BWD_OVERHEAD = 16
 
 # (Q stages, dO stages, P/dS stages, dQ buffers) of the backward, most preferred first: the first that
 # fits the shared memory (and leaves GQA's dK/dV room in the dQ buffers) is taken
+# An experiment's switch (tools/bench_fwd.py --bwd-det-dkvt): deterministic (192, 128) MHA takes the 64 x 96
+# transposed-dK/dV tile too instead of 128 x 64 (which to keep is for the H200 to say)
+DKVT_DETERMINISTIC = False
+
 BWD_STAGE_ORDER = ((2, 2, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1), (2, 1, 2, 2), (2, 1, 2, 1), (2, 2, 1, 1), (2, 1, 1, 1),
                    (1, 1, 2, 2), (1, 1, 1, 2), (1, 1, 1, 1))
 
@@ -231,12 +235,21 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
     tile_m = 128 if max(d, dv) <= 64 and not (swap and spec.softcap) else 64
-    if (d, dv) == (192, 128) and not swap and spec.deterministic:
+    dkv_t = (d, dv) == (192, 128) and not swap and not spec.allow_gqa and (
+        not spec.deterministic or DKVT_DETERMINISTIC
+    )
+    if (d, dv) == (192, 128) and not swap and spec.deterministic and not dkv_t:
         # (192, 128) deterministic: 128 query rows per step next to 64 keys (S, dP, dQ split by rows; dK/dV
         # by head-dim halves: 64 x 96 + 64 x 64 fp32 per warpgroup), so each key block waits for half as
         # many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
         # 0-2.7% slower without determinism (all four cells), which keeps 64 rows there
         tile_m = 128
+    # (192, 128) without determinism or GQA: flash-attn-4's tile, 64 query rows x 96 keys, with dK and dV
+    # computed transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P: head dims on WGMMA's M, each warpgroup 48 keys:
+    # 192 x 48 + 128 x 48 fp32, 120 registers), since 96 key rows do not split into 64-row WGMMA tiles.
+    # The 64 x 64 tile runs 0.74-0.78x flash-attn-4 there (session 10, docs/PERF.md)
+    if dkv_t:
+        tile_n = 96
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
@@ -296,7 +309,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         f"{'dS' if swap else 'P/dS'} {pds_stages}, dQ buffers {dq_buffers} (the most that fit {SMEM_BUDGET} bytes)",
         ("Sᵀ = K·Qᵀ: Pᵀ and dSᵀ feed dV and dK from registers" + ("; dQᵀ = Kᵀ·dSᵀ (80 query rows)" if tile_m % 64 else ""))
         if swap else
-        "S = Q·Kᵀ (64 keys per step): P and dS feed dV and dK from shared memory",
+        (f"S = Q·Kᵀ ({tile_n} keys per step): P and dS feed dV and dK from shared memory"
+         + ("; dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P (head dims on WGMMA's M, 48 keys per warpgroup), stored transposed"
+            if dkv_t else "")),
         "dQ: fp32 tiles in fragment order, "
         + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer"
            + ("; a turn warp waits for the query block's turn and passes it after the adds" if spec.deterministic else "") + "), "
@@ -347,5 +362,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         dq_atomic=atomic,
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
+        dkv_transposed=dkv_t,
         smem_bytes=smem,
     )

@@ -303,14 +303,17 @@ class FlashBwdSm90:
                             # one buffer in turns: warpgroup w may write once the previous reduce has read it
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
                             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
-                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         if cutlass.const_expr(w == 0):
-                            # key blocks add into a query block's dQ in descending order
+                            # key blocks add into a query block's dQ in descending order; the turn is
+                            # awaited before warpgroup 0's tile arrives, so the poll overlaps the
+                            # consumers' GEMMs instead of following the hand-off (its buffer is already
+                            # free: no consumer waits on this warp while it polls)
                             n_end = cute.ceil_div(seqlen_k, TILE_N)
                             sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
                             if cute.arch.lane_idx() == 0:
                                 bwd.wait_turn(sem, n_end - 1 - n_block)
                             cute.arch.sync_warp()
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         with cute.arch.elect_one():
                             # (not `chunk`: with a chunked mask that is the chunk size)
                             dq_chunk = (m_block) * 2 + w
