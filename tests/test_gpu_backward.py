@@ -30,8 +30,8 @@ SPECS = {
     "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                              mask={"kind": "chunked", "chunk_size": 96}),
-    # (192, 128) deterministic takes 128 query rows per step next to 64 keys (S, dP, dQ by rows, dK/dV by
-    # head-dim halves); without determinism 64 rows (gb_fp16_d192_128_chunked_softcap)
+    # (192, 128) deterministic MHA: the 64 x 96 dKᵀ/dVᵀ tile with dQ added in turns; GQA takes 128 query
+    # rows per step next to 64 keys (S, dP, dQ by rows, dK/dV by head-dim halves)
     "gb_bf16_d192_128_causal_det_mha": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
                                             allow_gqa=False, deterministic=True),
     "gb_bf16_d192_128_none_det_gqa": dict(dtype="bf16", head_dim=192, head_dim_v=128, deterministic=True),

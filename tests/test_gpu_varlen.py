@@ -54,6 +54,9 @@ BWD_VARIANTS = {
     # (192, 128) MHA: 64 x 96 tiles, dK/dV computed transposed
     "vlb_bf16_d192_128_causal_mha_dkvt": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
                                               allow_gqa=False),
+    "vlb_fp16_d192_128_window_mha_det_dkvt": dict(dtype="fp16", head_dim=192, head_dim_v=128, allow_gqa=False,
+                                                  deterministic=True,
+                                                  mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "vlb_bf16_d256_chunked_softcap": dict(dtype="bf16", head_dim=256, mask={"kind": "chunked", "chunk_size": 96},
                                           softcap=20.0),
     # the Sᵀ layout on packed sequences: statistics padded per query tile, bulk-copied with Q

@@ -625,38 +625,24 @@ def test_backward_dq_atomic_choices():
 
 
 def test_backward_192_128_mha_computes_dkv_transposed():
-    """(192, 128) without GQA or determinism: flash-attn-4's 64 x 96 tile with dKᵀ/dVᵀ (head dims on
-    WGMMA's M), every mask and varlen, within the shared-memory budget; GQA (fp32 dK/dV staging by key
-    rows) and deterministic specs keep their tiles, and no other head dim changes."""
+    """(192, 128) without GQA: flash-attn-4's 64 x 96 tile with dKᵀ/dVᵀ (head dims on WGMMA's M), every
+    mask, varlen and determinism, within the shared-memory budget; GQA (fp32 dK/dV staging by key rows)
+    keeps its tiles (128 x 64 when deterministic), and no other head dim changes."""
     def bwd(dims, mask="causal", **kw):
         return plan_kernels(spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": mask}, {}, backward=True, **kw)),
                             "sm90")[-1]
 
     for mask in ("none", "causal"):
-        for kw in ({}, {"varlen": True}, {"softcap": 20.0}):
+        for kw in ({}, {"varlen": True}, {"softcap": 20.0}, {"deterministic": True},
+                   {"deterministic": True, "varlen": True}):
             p = bwd((192, 128), mask, allow_gqa=False, **kw)
             assert (p.tile_m, p.tile_n, p.dkv_transposed, p.swap_sdp, p.dq_atomic) == (64, 96, True, False, True), kw
+            assert p.deterministic == kw.get("deterministic", False)
             assert p.smem_bytes <= 232448
             assert any("dKᵀ = Qᵀ·dS" in n for n in p.notes)
     gqa = bwd((192, 128), allow_gqa=True)
     assert (gqa.tile_n, gqa.dkv_transposed) == (64, False)
-    det = bwd((192, 128), allow_gqa=False, deterministic=True)
-    assert (det.tile_m, det.tile_n, det.dkv_transposed) == (128, 64, False)
+    det_gqa = bwd((192, 128), allow_gqa=True, deterministic=True)
+    assert (det_gqa.tile_m, det_gqa.tile_n, det_gqa.dkv_transposed) == (128, 64, False)
     for dims in ((256, None), (128, None), (64, None), (192, 192)):
         assert not bwd(dims, allow_gqa=False).dkv_transposed
-
-
-def test_backward_192_128_deterministic_dkvt_switch(monkeypatch):
-    """The experiment switch (tools/bench_fwd.py --bwd-det-dkvt) gives deterministic (192, 128) MHA the
-    64 x 96 transposed tile instead of 128 x 64; GQA keeps 128 x 64 either way."""
-    from fa4gen.plan import sm90
-
-    def bwd(**kw):
-        return plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", {"kind": "causal"}, {}, backward=True,
-                                                      deterministic=True, **kw)), "sm90")[-1]
-
-    assert (bwd(allow_gqa=False).tile_m, bwd(allow_gqa=False).dkv_transposed) == (128, False)
-    monkeypatch.setattr(sm90, "DKVT_DETERMINISTIC", True)
-    p = bwd(allow_gqa=False)
-    assert (p.tile_m, p.tile_n, p.dkv_transposed, p.deterministic) == (64, 96, True, True)
-    assert (bwd(allow_gqa=True).tile_m, bwd(allow_gqa=True).dkv_transposed) == (128, False)

@@ -172,14 +172,7 @@ def main():
     ap.add_argument("--bwd-det-dq-atomic", action="store_true",
                     help="with --deterministic: fa4gen's deterministic backward adds dQ from registers in turns "
                          "(pipeline.bwd_dq_atomic: true; auto already does above d128)")
-    ap.add_argument("--bwd-det-dkvt", action="store_true",
-                    help="with --deterministic: (192, 128) takes the 64 x 96 transposed-dK/dV tile too (an experiment: "
-                         "fa4gen.plan.sm90.DKVT_DETERMINISTIC)")
     args = ap.parse_args()
-    if args.bwd_det_dkvt:
-        from fa4gen.plan import sm90
-
-        sm90.DKVT_DETERMINISTIC = True
     global DQ_ATOMIC, DET_DQ_ATOMIC
     DQ_ATOMIC, DET_DQ_ATOMIC = args.bwd_dq_atomic, args.bwd_det_dq_atomic
     if args.bwd_stages:

@@ -176,10 +176,6 @@ REGS_BWD_OVERHEAD = 16
 
 # (Q stages, dO stages, P/dS stages, dQ buffers) of the backward, most preferred first: the first that
 # fits the shared memory (and leaves GQA's dK/dV room in the dQ buffers) is taken
-# An experiment's switch (tools/bench_fwd.py --bwd-det-dkvt): deterministic (192, 128) MHA takes the 64 x 96
-# transposed-dK/dV tile too instead of 128 x 64 (which to keep is for the H200 to say)
-DKVT_DETERMINISTIC = False
-
 BWD_STAGE_ORDER = ((2, 2, 2, 2), (2, 2, 1, 2), (2, 2, 2, 1), (2, 1, 2, 2), (2, 1, 2, 1), (2, 2, 1, 1), (2, 1, 1, 1),
                    (1, 1, 2, 2), (1, 1, 1, 2), (1, 1, 1, 1))
 
@@ -235,19 +231,18 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
     tile_m = 128 if max(d, dv) <= 64 and not (swap and spec.softcap) else 64
-    dkv_t = (d, dv) == (192, 128) and not swap and not spec.allow_gqa and (
-        not spec.deterministic or DKVT_DETERMINISTIC
-    )
+    dkv_t = (d, dv) == (192, 128) and not swap and not spec.allow_gqa
     if (d, dv) == (192, 128) and not swap and spec.deterministic and not dkv_t:
-        # (192, 128) deterministic: 128 query rows per step next to 64 keys (S, dP, dQ split by rows; dK/dV
-        # by head-dim halves: 64 x 96 + 64 x 64 fp32 per warpgroup), so each key block waits for half as
-        # many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
+        # (192, 128) deterministic GQA: 128 query rows per step next to 64 keys (S, dP, dQ split by rows;
+        # dK/dV by head-dim halves: 64 x 96 + 64 x 64 fp32 per warpgroup), so each key block waits for half
+        # as many query-block turns. On the H200 (session 10, docs/PERF.md) +10-31% deterministic, but
         # 0-2.7% slower without determinism (all four cells), which keeps 64 rows there
         tile_m = 128
-    # (192, 128) without determinism or GQA: flash-attn-4's tile, 64 query rows x 96 keys, with dK and dV
-    # computed transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P: head dims on WGMMA's M, each warpgroup 48 keys:
-    # 192 x 48 + 128 x 48 fp32, 120 registers), since 96 key rows do not split into 64-row WGMMA tiles.
-    # The 64 x 64 tile runs 0.74-0.78x flash-attn-4 there (session 10, docs/PERF.md)
+    # (192, 128) without GQA: flash-attn-4's tile, 64 query rows x 96 keys, with dK and dV computed
+    # transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P: head dims on WGMMA's M, each warpgroup 48 keys: 192 x 48 +
+    # 128 x 48 fp32, 120 registers), since 96 key rows do not split into 64-row WGMMA tiles. On the H200
+    # (session 11, docs/PERF.md): +7-12% over 64 x 64 without determinism, +16-20% over 128 x 64 with it
+    # (det/non-det 0.88-0.95); GQA keeps its tiles (fp32 dK/dV staging by key rows)
     if dkv_t:
         tile_n = 96
     if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
