@@ -514,6 +514,44 @@ def test_calls_that_need_more_than_a_launch_take_the_full_path(build_pkg, monkey
     assert counts["validate"] == 6
 
 
+def test_a_discarded_lse_goes_to_the_scratch_buffer(build_pkg, monkeypatch):
+    """Calls without grad that do not return the LSE write it into the package's per-device scratch
+    buffer (no allocation per call): every such call of any signature shares it, a call that needs more
+    grows it to at least twice its size (the old one is kept, never handed back to the allocator), and calls that
+    return the LSE, or record autograd, get their own."""
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    FakeKernels(op).install(monkeypatch)
+    launched = []
+    monkeypatch.setattr(op, "_launch", lambda fn, device, args: (launched.append(args[4]), fn(*args)))
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    want, want_lse = pkg.attention(q, k, v, return_lse=True)
+    for _ in range(2):  # first call (full checks), then the replay
+        torch.testing.assert_close(pkg.attention(q, k, v), want, rtol=0, atol=0)
+    scratch = op._lse_scratch[q.device.index]
+    assert scratch.numel() == want_lse.numel()
+    assert all(lse.untyped_storage().data_ptr() == scratch.untyped_storage().data_ptr() for lse in launched[1:])
+    torch.testing.assert_close(launched[-1], want_lse, rtol=0, atol=0)  # the kernel's LSE, written there
+    _, lse = pkg.attention(q, k, v, return_lse=True)  # returned: its own, on the replay path too
+    assert lse.untyped_storage().data_ptr() != scratch.untyped_storage().data_ptr()
+    # longer calls outgrow the buffer: to at least twice its size, the old buffer kept
+    q2, k2, v2 = (torch.cat([t, t, t], dim=1)[:, : t.shape[1] * 3 // 2] for t in (q, k, v))
+    pkg.attention(q2, k2, v2)
+    grown = op._lse_scratch[q.device.index]
+    assert grown.numel() == 2 * want_lse.numel() and op._lse_retired == [scratch]
+    q3, k3, v3 = (torch.cat([t, t, t], dim=1) for t in (q, k, v))
+    pkg.attention(q3, k3, v3)
+    assert op._lse_scratch[q.device.index].numel() == 4 * want_lse.numel() and len(op._lse_retired) == 2
+    grown = op._lse_scratch[q.device.index]
+    pkg.attention(q, k, v)  # the shorter signature's view still points into the retired buffer: fine
+    assert launched[-1].untyped_storage().data_ptr() == scratch.untyped_storage().data_ptr()
+    # autograd: the LSE is saved for the backward, so never the scratch
+    qg = q.clone().requires_grad_()
+    pkg.attention(qg, k, v)
+    assert launched[-1].untyped_storage().data_ptr() not in {
+        scratch.untyped_storage().data_ptr(), grown.untyped_storage().data_ptr()}
+
+
 def test_out_is_part_of_the_signature(build_pkg, monkeypatch):
     """out= calls are replayed too: the key holds out's shape, strides, dtype and device, the replay
     writes into the given buffer, and a misaligned or wrong out still gets the full checks' error."""

@@ -63,6 +63,20 @@ def per_call_us(fn, n=2000) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def host_us(fn, n=400) -> float:
+    """The host time of one call alone: n calls queued without a sync (few enough that the launch queue
+    never fills, so no call waits for the GPU), after a synchronised warm-up."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    took = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return round(took / n * 1e6, 2)
+
+
 def host_overhead(fn) -> dict:
     eager = per_call_us(fn)
     stream = torch.cuda.Stream()
@@ -95,10 +109,27 @@ def main():
     res["fa4gen_alloc_out"] = host_overhead(lambda: pkg.attention(q, q, q))  # + the output's allocation
     op = pkg._forward
     # the floor under the API: the compiled kernel called with ready arguments (its TVM-FFI call + launch)
-    fn, args, _, _, lse_shape = op._calls[call_key(q, q, q, None, None, None, False, o)]
+    fn, args, _, _, lse_shape, _ = op._calls[call_key(q, q, q, None, None, None, False, o)]
     lse = [torch.empty(lse_shape, dtype=torch.float32, device="cuda")] if lse_shape is not None else []
     res["compiled_call_only"] = host_overhead(lambda: fn(q, q, q, o, *lse, *args))
     res["api_minus_compiled_call_us"] = round(res["fa4gen"]["eager_us"] - res["compiled_call_only"]["eager_us"], 2)
+    # a package with a backward (its forward always writes the LSE), called without grad: the LSE goes to
+    # the package's scratch buffer, so out= calls allocate nothing
+    pkg_bwd = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
+    with torch.no_grad():
+        res["fa4gen_bwd_package"] = host_overhead(lambda: pkg_bwd.attention(q, q, q, out=o))
+        res["fa4gen_bwd_package_alloc_out"] = host_overhead(lambda: pkg_bwd.attention(q, q, q))
+    # where a call's host time goes: each part alone, queued without a sync (tools/launch_cost.host_us)
+    dev = q.device
+    res["host_us"] = {
+        "api_out": host_us(lambda: pkg.attention(q, q, q, out=o)),
+        "api_alloc_out": host_us(lambda: pkg.attention(q, q, q)),
+        "compiled_call": host_us(lambda: fn(q, q, q, o, *lse, *args)),
+        "call_key": host_us(lambda: call_key(q, q, q, None, None, None, False, o)),
+        "torch_empty": host_us(lambda: torch.empty((1, 128, 1, 128), dtype=torch.bfloat16, device=dev)),
+        "current_device": host_us(torch.cuda.current_device),
+        "launch_check": host_us(lambda: op._launch(lambda *a: None, dev, [])),
+    }
     # the same kernel JIT-linked from its object (the path before the shared library): same call, same args
     objs = sorted(Path(cache).rglob("artifact.o"))
     if len(objs) == 1:

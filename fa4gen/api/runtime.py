@@ -213,6 +213,13 @@ class ForwardOp:
         self._pinned: str | None = None
         # call_key -> what a launch of that signature needs (see _replay): calls repeat their shapes
         self._calls: dict[tuple, tuple] = {}
+        # per device index, the fp32 LSE that calls without grad and without return_lse write into (the
+        # kernels always write one when the package has a backward): a call that needs more grows it to
+        # at least twice its size, and the old one is kept, not freed — a buffer a kernel may still be
+        # writing on some stream must not go back to the allocator — so they hold at most 4x the largest
+        # such LSE (1/64 of that call's output at head dim 128 in bf16)
+        self._lse_scratch: dict[int | None, torch.Tensor] = {}
+        self._lse_retired: list[torch.Tensor] = []
         self.bwd_plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "bwd"}
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[tuple[str, str], Any] = {}
@@ -317,27 +324,48 @@ class ForwardOp:
         if self.bwd_plans and needs_grad(q, k, v):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
         else:
-            out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key)
+            out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key,
+                                        lse_scratch=not return_lse)
         return (out, lse) if return_lse else out
 
     def _replay(self, hit: tuple, q, k, v, out=None):
         """A call whose signature (call_key) passed every check before: allocate and launch, nothing else.
         None when a tensor's base address is not 16-byte aligned (the slow path copies an input and
         names a misaligned out)."""
-        fn, args, out_shape, dtype, lse_shape = hit
+        fn, args, out_shape, dtype, lse_shape, lse = hit
         if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or (out is not None and out.data_ptr() % 16):
             return None
         device = q.device
         if out is None:
             out = torch.empty(out_shape, dtype=dtype, device=device)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=device) if lse_shape is not None else None
-        self._launch(fn, device, [q, k, v, out] + ([lse] if lse is not None else []) + args)
+        if lse_shape is None:
+            self._launch(fn, device, [q, k, v, out, *args])
+            return out, None
+        if lse is None:  # returned to the caller: its own
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        self._launch(fn, device, [q, k, v, out, lse, *args])
         return out, lse
 
-    def _forward(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed | None = None, remember=None):
+    def _scratch_lse(self, shape: tuple, device: torch.device) -> torch.Tensor:
+        """A view of this device's scratch LSE (see __init__) with `shape`, for a call that discards it."""
+        n = math.prod(shape)
+        buf = self._lse_scratch.get(device.index)
+        if buf is None or buf.numel() < n:
+            with self._lock:
+                buf = self._lse_scratch.get(device.index)
+                if buf is None or buf.numel() < n:
+                    if buf is not None:
+                        self._lse_retired.append(buf)
+                    size = max(n, 2 * buf.numel()) if buf is not None else n
+                    buf = self._lse_scratch[device.index] = torch.empty(size, dtype=torch.float32, device=device)
+        return buf[:n].view(shape)
+
+    def _forward(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed | None = None, remember=None,
+                 lse_scratch: bool = False):
         """Launch the forward on checked CUDA tensors — BSHD, or packed sequences when `packed` (checked
         and resolved) is given: (out, lse or None, the (q, k, v) launched on). `remember`: the call's
-        call_key, under which a launch on the inputs as given is kept for `_replay`."""
+        call_key, under which a launch on the inputs as given is kept for `_replay`. `lse_scratch`: the
+        caller discards the LSE, so the kernel writes it into the device's scratch buffer."""
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
         plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q)
@@ -345,7 +373,12 @@ class ForwardOp:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)
         lse_shape = (h, s_q) if packed is not None else (q.shape[0], h, s_q)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device) if plan["write_lse"] else None
+        if not plan["write_lse"]:
+            lse = None
+        elif lse_scratch:
+            lse = self._scratch_lse(lse_shape, q.device)
+        else:
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
         # packed: the totals bound every sequence's lengths, so clamping windows / chunks to them keeps
         # each sequence's mask
         args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
@@ -366,7 +399,8 @@ class ForwardOp:
         if remember is not None and packed is None and all(a is b for a, b in zip((q, k, v), given)):  # none copied
             if len(self._calls) >= CALL_CACHE_SIZE:
                 self._calls.clear()
-            self._calls[remember] = (fn, args, tuple(out.shape), out.dtype, None if lse is None else lse_shape)
+            self._calls[remember] = (fn, args, tuple(out.shape), out.dtype, None if lse is None else lse_shape,
+                                     lse if lse_scratch else None)
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
