@@ -40,6 +40,13 @@ SPECS = {
     "gb_fp16_d192_128_window_softcap_mha_dkvt": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                                      mask={"kind": "sliding_window", "left": 100, "right": 20},
                                                      allow_gqa=False),
+    # the same tile with dQ through shared memory, bulk-reduced by the dQ warp (flash-attn-4's choice there:
+    # P/dS 1 stage, 2 dQ buffers), ordered when deterministic
+    "gb_bf16_d192_128_causal_mha_dkvt_handoff": dict(dtype="bf16", head_dim=192, head_dim_v=128,
+                                                     mask={"kind": "causal"}, allow_gqa=False,
+                                                     pipeline={"bwd_dq_atomic": False}),
+    "gb_fp16_d192_128_none_det_mha_dkvt_handoff": dict(dtype="fp16", head_dim=192, head_dim_v=128, allow_gqa=False,
+                                                       deterministic=True, pipeline={"bwd_dq_atomic": False}),
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
     # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
     "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),

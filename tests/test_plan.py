@@ -642,6 +642,13 @@ def test_backward_192_128_mha_computes_dkv_transposed():
             assert any("dKᵀ = Qᵀ·dS" in n for n in p.notes)
     gqa = bwd((192, 128), allow_gqa=True)
     assert (gqa.tile_n, gqa.dkv_transposed) == (64, False)
+    # dQ handed to the dQ warp instead (pipeline.bwd_dq_atomic: false): flash-attn-4's stages there
+    for det in (False, True):
+        h = plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", {"kind": "causal"}, {"bwd_dq_atomic": False},
+                                                   backward=True, allow_gqa=False, deterministic=det)), "sm90")[-1]
+        assert (h.dkv_transposed, h.dq_atomic, h.q_stages, h.do_stages, h.pds_stages, h.dq_buffers) == (
+            True, False, 2, 2, 1, 2)
+        assert h.smem_bytes <= 232448
     det_gqa = bwd((192, 128), allow_gqa=True, deterministic=True)
     assert (det_gqa.tile_m, det_gqa.tile_n, det_gqa.dkv_transposed) == (128, 64, False)
     for dims in ((256, None), (128, None), (64, None), (192, 192)):

@@ -70,9 +70,11 @@ def _masks(text: str) -> list[str]:
 
 # --bwd-dq-atomic: fa4gen's non-deterministic backwards with pipeline.bwd_dq_atomic: true (an experiment);
 # --bwd-det-dq-atomic: the deterministic ones (ordered adds from registers). `auto` already takes both
-# above head dim 128, so the flags matter at d <= 128
+# above head dim 128, so the flags matter at d <= 128; --bwd-dq-handoff: both with pipeline.bwd_dq_atomic:
+# false (dQ through shared memory, bulk-reduced by the dQ warp: flash-attn-4's way at (192, 128))
 DQ_ATOMIC = False
 DET_DQ_ATOMIC = False
+DQ_HANDOFF = False
 
 
 def _dims(text: str) -> list[tuple[int, int]]:
@@ -95,10 +97,11 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto") -> dic
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
-    atomic = DET_DQ_ATOMIC if deterministic else DQ_ATOMIC
-    name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}{'_atomic' if atomic else ''}"
+    atomic = False if DQ_HANDOFF else True if (DET_DQ_ATOMIC if deterministic else DQ_ATOMIC) else None
+    name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}"
+            f"{'' if atomic is None else '_atomic' if atomic else '_handoff'}"
             f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}")
-    pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({"bwd_dq_atomic": True} if atomic else {})
+    pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({} if atomic is None else {"bwd_dq_atomic": atomic})
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
                 mask={"kind": "causal" if causal else "none"},
                 backward=True, deterministic=deterministic, allow_gqa=False, pipeline=pipeline)
@@ -172,9 +175,14 @@ def main():
     ap.add_argument("--bwd-det-dq-atomic", action="store_true",
                     help="with --deterministic: fa4gen's deterministic backward adds dQ from registers in turns "
                          "(pipeline.bwd_dq_atomic: true; auto already does above d128)")
+    ap.add_argument("--bwd-dq-handoff", action="store_true",
+                    help="with --bwd: fa4gen's backwards (deterministic too) hand dQ to the dQ warp through shared memory "
+                         "(pipeline.bwd_dq_atomic: false; auto does at d <= 128)")
     args = ap.parse_args()
-    global DQ_ATOMIC, DET_DQ_ATOMIC
-    DQ_ATOMIC, DET_DQ_ATOMIC = args.bwd_dq_atomic, args.bwd_det_dq_atomic
+    if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
+        raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
+    global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF
+    DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF = args.bwd_dq_atomic, args.bwd_det_dq_atomic, args.bwd_dq_handoff
     if args.bwd_stages:
         from fa4gen.plan import sm90
 
