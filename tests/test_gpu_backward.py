@@ -35,13 +35,15 @@ SPECS = {
     "gb_bf16_d192_128_causal_det_mha": dict(dtype="bf16", head_dim=192, head_dim_v=128, mask={"kind": "causal"},
                                             allow_gqa=False, deterministic=True),
     "gb_bf16_d192_128_none_det_gqa": dict(dtype="bf16", head_dim=192, head_dim_v=128, deterministic=True),
-    # (192, 128) MHA: 64 x 96 tiles with dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P (flash-attn-4's layout), stored transposed
-    "gb_bf16_d192_128_none_mha_dkvt": dict(dtype="bf16", head_dim=192, head_dim_v=128, allow_gqa=False),
+    # (192, 128) MHA: 64 x 96 tiles with dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P (flash-attn-4's layout), stored transposed;
+    # here with dQ added from registers (pipeline.bwd_dq_atomic: true; auto hands it over at (192, 128))
+    "gb_bf16_d192_128_none_mha_dkvt": dict(dtype="bf16", head_dim=192, head_dim_v=128, allow_gqa=False,
+                                           pipeline={"bwd_dq_atomic": True}),
     "gb_fp16_d192_128_window_softcap_mha_dkvt": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                                      mask={"kind": "sliding_window", "left": 100, "right": 20},
                                                      allow_gqa=False),
     # the same tile with dQ through shared memory, bulk-reduced by the dQ warp (flash-attn-4's choice there:
-    # P/dS 1 stage, 2 dQ buffers), ordered when deterministic
+    # P/dS 1 stage, 2 dQ buffers; auto's since session 11), ordered when deterministic
     "gb_bf16_d192_128_causal_mha_dkvt_handoff": dict(dtype="bf16", head_dim=192, head_dim_v=128,
                                                      mask={"kind": "causal"}, allow_gqa=False,
                                                      pipeline={"bwd_dq_atomic": False}),

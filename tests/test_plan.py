@@ -636,13 +636,14 @@ def test_backward_192_128_mha_computes_dkv_transposed():
         for kw in ({}, {"varlen": True}, {"softcap": 20.0}, {"deterministic": True},
                    {"deterministic": True, "varlen": True}):
             p = bwd((192, 128), mask, allow_gqa=False, **kw)
-            assert (p.tile_m, p.tile_n, p.dkv_transposed, p.swap_sdp, p.dq_atomic) == (64, 96, True, False, True), kw
+            assert (p.tile_m, p.tile_n, p.dkv_transposed, p.swap_sdp, p.dq_atomic) == (64, 96, True, False, False), kw
+            assert (p.q_stages, p.do_stages, p.pds_stages, p.dq_buffers) == (2, 2, 1, 2), kw
             assert p.deterministic == kw.get("deterministic", False)
             assert p.smem_bytes <= 232448
             assert any("dKᵀ = Qᵀ·dS" in n for n in p.notes)
     gqa = bwd((192, 128), allow_gqa=True)
     assert (gqa.tile_n, gqa.dkv_transposed) == (64, False)
-    # dQ handed to the dQ warp instead (pipeline.bwd_dq_atomic: false): flash-attn-4's stages there
+    # dQ handed to the dQ warp by default, as pipeline.bwd_dq_atomic: false asks: flash-attn-4's stages there
     for det in (False, True):
         h = plan_kernels(spec_from_dict(_spec_dict(0, (192, 128), "bf16", {"kind": "causal"}, {"bwd_dq_atomic": False},
                                                    backward=True, allow_gqa=False, deterministic=det)), "sm90")[-1]

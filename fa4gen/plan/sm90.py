@@ -266,8 +266,12 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # it once both consumer warpgroups have issued their adds; on the H200 (session 10) that is 14-21%
     # faster than the consumers taking the turn themselves at d256 (which was itself 0-10% ahead of the
     # ordered hand-off, session 9), but still 1-7% slower than the hand-off at d128, so auto takes it
-    # above d 128 there too
-    atomic = spec.pipeline.bwd_dq_atomic is True or (spec.pipeline.bwd_dq_atomic == "auto" and max(d, dv) > 128)
+    # above d 128 there too. Except (192, 128) on the 64 x 96 dKᵀ/dVᵀ tile: there the hand-off fits two
+    # dQ buffers next to 2 Q / 2 dO stages (P/dS 1; flash-attn-4's configuration), and on the H200
+    # (session 11) it ran +12-15% without determinism, +3-6% with it
+    atomic = spec.pipeline.bwd_dq_atomic is True or (
+        spec.pipeline.bwd_dq_atomic == "auto" and max(d, dv) > 128 and not dkv_t
+    )
     order, fallback = BWD_STAGE_ORDER, (1, 1, 1, 2)  # (nothing fits: the smem budget check reports it)
     if atomic:  # no dQ buffers: GQA's dK/dV epilogue stages its fp32 tiles in the Q buffers, free by then
         order, fallback = tuple(dict.fromkeys(s[:3] + (0,) for s in BWD_STAGE_ORDER)), (2, 1, 1, 0)
