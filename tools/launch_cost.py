@@ -52,29 +52,31 @@ def first_call(cache_dir: str) -> dict:
             "torch_dlpack_c_api": bool(int(vals["DLPACK_C_API"])), "log": log}
 
 
-def per_call_us(fn, n=2000) -> float:
+def _timed_calls_us(fn, n: int, drained: bool) -> float:
+    """Microseconds per call of n calls after a synchronised warm-up of 50; `drained`: the clock stops
+    once the GPU has finished them all (the time per call is then the slower of host and GPU), else
+    as soon as the last call has returned (host time alone: few enough calls that the launch queue
+    never fills, so no call waits for the GPU)."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
+    if drained:
+        torch.cuda.synchronize()
+    took = time.perf_counter() - t0
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+    return took / n * 1e6
+
+
+def per_call_us(fn, n=2000) -> float:
+    return _timed_calls_us(fn, n, drained=True)
 
 
 def host_us(fn, n=400) -> float:
-    """The host time of one call alone: n calls queued without a sync (few enough that the launch queue
-    never fills, so no call waits for the GPU), after a synchronised warm-up."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    took = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return round(took / n * 1e6, 2)
+    """The host time of one call alone (see _timed_calls_us)."""
+    return round(_timed_calls_us(fn, n, drained=False), 2)
 
 
 def host_overhead(fn) -> dict:
