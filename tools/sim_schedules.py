@@ -1,0 +1,172 @@
+"""Event simulations of two scheduling questions, on the CPU (no GPU; a model, not a measurement):
+
+`det`: the deterministic backward's dQ turns. Key-block CTAs launch in grid order onto `sms` SMs
+(one CTA each); a CTA's step (one query block) takes 1 time unit (the causal diagonal block
+`diag`), optionally jittered by ±`jitter`; with determinism its dQ add must also wait until the key
+block before it in the query block's order has added, plus `delta` (the turn's latency). Orders:
+`rev` (the kernel's: key blocks last to first, the launch in that order, (head, batch) pairs in
+groups of `group`), `lpt` (causal: key block 0 first, which needs a whole group's CTAs resident),
+`rot` (no mask: CTA n visits query block (t - n) mod N at step t). Prints the non-deterministic
+time divided by each order's deterministic time.
+
+`varlen`: the varlen forward's query tiles over packed sequences of random lengths, in grid order
+onto `sms` SMs; a tile's work is its key blocks (causal: up to its diagonal) plus `prologue`.
+Orders: `current` (the kernel's: sequence by sequence, each longest-first, head-major), `global`
+(every tile of every head sorted by work, longest first), `round_robin` (each sequence's r-th
+longest tile in round r). Prints each order's makespan over a perfectly balanced one.
+
+Run: `python3 tools/sim_schedules.py det` or `python3 tools/sim_schedules.py varlen` (docs/STATUS.md,
+session 11, quotes their output).
+"""
+
+import argparse
+import heapq
+import random
+import statistics
+
+
+def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.55, jitter=0.0, rng=None):
+    """Time until every key-block CTA of `hb` (head, batch) pairs with N key and N query blocks is done."""
+    ctas = []
+    for g in range(hb // group):
+        for y in range(N):
+            for x in range(group):
+                n = N - 1 - y if order == "rev" else y
+                if causal:
+                    ms = list(range(n, N))
+                elif order == "rot":
+                    ms = [(t - n) % N for t in range(N)]
+                else:
+                    ms = list(range(N))
+                ctas.append((g * group + x, n, ms))
+
+    def rank(n, m):  # position of key block n in query block m's add order
+        if causal:
+            return m - n
+        if order == "rot":
+            return (m + n) % N
+        return N - 1 - n
+
+    done, waiters, events = {}, {}, []
+    state = {"next": 0, "free": sms, "end": 0.0}
+    pos = [0] * len(ctas)
+
+    def step(i, t):
+        _, n, ms = ctas[i]
+        if pos[i] == len(ms):
+            heapq.heappush(events, (t, 1, i))
+            return
+        cost = diag if causal and ms[pos[i]] == n else 1.0
+        if jitter:
+            cost *= rng.uniform(1 - jitter, 1 + jitter)
+        heapq.heappush(events, (t + cost, 0, i))
+
+    def launch(t):
+        while state["free"] > 0 and state["next"] < len(ctas):
+            state["free"] -= 1
+            state["next"] += 1
+            step(state["next"] - 1, t)
+
+    def add(i, t):
+        pair, n, ms = ctas[i]
+        key = (pair, ms[pos[i]], rank(n, ms[pos[i]]) if det else 0)
+        done[key] = t
+        pos[i] += 1
+        step(i, t)
+        for j in waiters.pop(key, []):
+            add(j, t + delta)
+
+    launch(0.0)
+    while events:
+        t, kind, i = heapq.heappop(events)
+        state["end"] = max(state["end"], t)
+        if kind == 1:
+            state["free"] += 1
+            launch(t)
+            continue
+        pair, n, ms = ctas[i]
+        r = rank(n, ms[pos[i]]) if det else 0
+        if r > 0:
+            before = done.get((pair, ms[pos[i]], r - 1))
+            if before is None:
+                waiters.setdefault((pair, ms[pos[i]], r - 1), []).append(i)
+                continue
+            add(i, max(t, before + delta))
+        else:
+            add(i, t)
+    if state["next"] < len(ctas) or any(pos[i] < len(c[2]) for i, c in enumerate(ctas)):
+        return None  # a deadlock: some CTA never got its turn
+    return state["end"]
+
+
+def makespan(works, sms=132):
+    free = [0.0] * sms
+    end = 0.0
+    for w in works:
+        t = heapq.heappop(free) + w
+        end = max(end, t)
+        heapq.heappush(free, t)
+    return end
+
+
+def varlen_orders(lengths, heads, causal, tile_m=128, tile_n=128, prologue=0.3):
+    """The three orders' tile works (see the module docstring)."""
+    per_seq = []
+    for length in lengths:
+        tiles = -(-length // tile_m)
+        works = []
+        for m in reversed(range(tiles)):  # longest first within a sequence
+            keys = min((m + 1) * tile_m, length) if causal else length
+            works.append(-(-keys // tile_n) + prologue)
+        per_seq.append(works)
+    current = [w for _ in range(heads) for seq in per_seq for w in seq]
+    rounds = max((len(s) for s in per_seq), default=0)
+    round_robin = [s[r] for _ in range(heads) for r in range(rounds) for s in per_seq if r < len(s)]
+    return {"current": current, "global": sorted(current, reverse=True), "round_robin": round_robin}
+
+
+def random_lengths(rng, lo, hi, total=16384):
+    lengths, used = [], 0
+    while used < total:
+        length = min(rng.randint(lo, hi), total - used)
+        lengths.append(length)
+        used += length
+    return lengths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("which", choices=["det", "varlen"])
+    ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--trials", type=int, default=20)
+    args = ap.parse_args(argv)
+    if args.which == "det":
+        rng = random.Random(1)
+        for jitter in (0.0, 0.2):
+            for causal in (False, True):
+                for seqlen, n, hb in ((2048, 32, 64), (8192, 128, 16)):  # d256: 64-key blocks, 16k tokens x 8 heads
+                    base = det_time(n, hb, 1, causal, "lpt" if causal else "rev", det=False, sms=args.sms,
+                                    jitter=jitter, rng=rng)
+                    cells = []
+                    for group in (1, 4):
+                        t = det_time(n, hb, group, causal, "rev", sms=args.sms, jitter=jitter, rng=rng)
+                        cells.append(f"group {group}: {base / t:.3f}")
+                    print(f"det jitter {jitter} {'causal' if causal else 'no mask'} s{seqlen}: "
+                          f"non-det / det (order rev) " + ", ".join(cells))
+    else:
+        rng = random.Random(0)
+        for (lo, hi), d in (((128, 1024), 128), ((512, 8192), 128), ((512, 8192), 64)):
+            for causal in (True, False):
+                ratios = {"current": [], "global": [], "round_robin": []}
+                for _ in range(args.trials):
+                    orders = varlen_orders(random_lengths(rng, lo, hi), 2048 // d, causal)
+                    balanced = sum(orders["current"]) / args.sms
+                    for name, works in orders.items():
+                        ratios[name].append(makespan(works, args.sms) / balanced)
+                print(f"varlen lengths {lo}-{hi} d{d} {'causal' if causal else 'no mask'}: "
+                      + ", ".join(f"{k} {statistics.mean(v):.3f}" for k, v in ratios.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
