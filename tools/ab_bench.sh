@@ -5,6 +5,8 @@
 #   here:        tools/ab_bench.sh prepare REF        # REF's fa4gen/ and templates/ into .ab/ (ignored)
 #   on the GPU:  source tools/device_env.sh; tools/ab_bench.sh run [ROUNDS] -- BENCH_FWD_ARGS...
 #                (carry [".device", ".ab"]; writes $OUT/ab/{new,ref}_N/ and prints tools/ab_compare.py)
+#                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
+#                prints each run's markdown table in place of the comparison
 #
 # .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
 # is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
@@ -27,6 +29,8 @@ case "${1:-}" in
     [[ "${1:-}" == "--" ]] && shift
     [[ -f "$root/.ab/ref/COMMIT" ]] || { echo "no .ab/ref: run 'tools/ab_bench.sh prepare REF' first" >&2; exit 2; }
     out=${OUT:-$root/out}/ab
+    script=${AB_SCRIPT:-bench_fwd.py}
+    [[ -f "$root/tools/$script" ]] || { echo "AB_SCRIPT: no tools/$script" >&2; exit 2; }
     mkdir -p "$out"
     for round in $(seq 1 "$rounds"); do
       for side in new ref; do
@@ -35,12 +39,16 @@ case "${1:-}" in
         # the script's own folder (tools/) comes first on sys.path, then PYTHONPATH: check which fa4gen loads
         used=$(cd "$root/tools" && PYTHONPATH=$pp python3 -c "import fa4gen.render as r; print(r.TEMPLATES_DIR)")
         echo "round $round $side: templates from $used"
-        PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/bench_fwd.py" "$@" \
+        PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/$script" "$@" \
           --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)"
       done
     done
-    python3 "$root/tools/ab_compare.py" "$out"
+    if [[ $script == bench_fwd.py ]]; then
+      python3 "$root/tools/ab_compare.py" "$out"
+    else
+      for md in "$out"/*_*/*.md; do echo "== $md"; cat "$md"; done
+    fi
     ;;
   *)
-    sed -n 2,11p "$0"; exit 2 ;;
+    sed -n 2,13p "$0"; exit 2 ;;
 esac
