@@ -241,7 +241,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # (192, 128) without GQA: flash-attn-4's tile, 64 query rows x 96 keys, with dK and dV computed
     # transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P: head dims on WGMMA's M, each warpgroup 48 keys: 192 x 48 +
     # 128 x 48 fp32, 120 registers), since 96 key rows do not split into 64-row WGMMA tiles. On the H200
-    # (session 11, docs/PERF.md): +7-12% over 64 x 64 without determinism, +16-20% over 128 x 64 with it
+    # (session 11, docs/PERF.md): +7-13% over 64 x 64 without determinism, +16-20% over 128 x 64 with it
     # (det/non-det 0.88-0.95); GQA keeps its tiles (fp32 dK/dV staging by key rows)
     if dkv_t:
         tile_n = 96
