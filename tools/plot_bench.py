@@ -1,4 +1,6 @@
-"""Plot a tools/bench_fwd.py JSON as TFLOP/s per seqlen, one panel per (head dim, causal).
+"""Plot a tools/bench_fwd.py JSON as TFLOP/s per seqlen: one column per head dim (DxDV when head_dim_v
+differs), a row per (direction, causal) — forward rows always, backward rows (fa4gen, its
+deterministic backward when measured, flash-attn-4, cuDNN, SDPA flash) when the run had --bwd.
 
 Run anywhere with matplotlib: `python tools/plot_bench.py docs/perf/X.json docs/perf/X.png`.
 """
@@ -11,34 +13,57 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-IMPLS = (("fa4gen", "fa4gen"), ("fa4", "flash-attn-4"), ("cudnn", "cuDNN (SDPA)"), ("sdpa_flash", "SDPA flash"))
+FWD = (("fa4gen", "fa4gen"), ("fa4", "flash-attn-4"), ("cudnn", "cuDNN (SDPA)"), ("sdpa_flash", "SDPA flash"))
+BWD = (("fa4gen_bwd", "fa4gen"), ("fa4gen_det_bwd", "fa4gen deterministic"), ("fa4_bwd", "flash-attn-4"),
+       ("cudnn_bwd", "cuDNN (SDPA)"), ("sdpa_flash_bwd", "SDPA flash"))
+# one colour per implementation in every panel
+COLORS = {"fa4gen": "C0", "flash-attn-4": "C1", "cuDNN (SDPA)": "C2", "SDPA flash": "C3", "fa4gen deterministic": "C4"}
+
+
+def dim_label(row: dict) -> str:
+    dv = row.get("dv", row["d"])
+    return f"d{row['d']}" if dv in (None, row["d"]) else f"d{row['d']}x{dv}"
+
+
+def panels(rows: list[dict]) -> list[tuple[str, bool, tuple]]:
+    """(direction, causal, series) of each plotted row of panels: forward, then backward if measured."""
+    out = [("forward", causal, FWD) for causal in (False, True)]
+    if any(r.get("fa4gen_bwd") is not None for r in rows):
+        out += [("backward", causal, BWD) for causal in (False, True)]
+    return out
 
 
 def main(src: str, dst: str) -> None:
     data = json.loads(open(src).read())
     rows = data["rows"] if isinstance(data, dict) else data
-    dims = sorted({r["d"] for r in rows})
-    fig, axes = plt.subplots(2, len(dims), figsize=(4.2 * len(dims), 7), sharey=True, squeeze=False)
-    for j, d in enumerate(dims):
-        for i, causal in enumerate((False, True)):
+    dims = sorted({(r["d"], r.get("dv") or r["d"]) for r in rows})
+    grid = panels(rows)
+    fig, axes = plt.subplots(len(grid), len(dims), figsize=(4.4 * len(dims) + 1, 3.5 * len(grid)),
+                             squeeze=False)
+    for j, dim in enumerate(dims):
+        for i, (direction, causal, series) in enumerate(grid):
             ax = axes[i][j]
-            sel = [r for r in rows if r["d"] == d and r["causal"] == causal]
+            sel = sorted((r for r in rows if (r["d"], r.get("dv") or r["d"]) == dim and r["causal"] == causal),
+                         key=lambda r: r["seqlen"])
             seqlens = [r["seqlen"] for r in sel]
-            for key, label in IMPLS:
+            for key, label in series:
                 ys = [r.get(key) for r in sel]
-                if any(y is not None for y in ys):
-                    ax.plot(seqlens, ys, marker="o", label=label)
+                if any(isinstance(y, (int, float)) for y in ys):
+                    ax.plot(seqlens, [y if isinstance(y, (int, float)) else None for y in ys], marker="o", label=label,
+                            color=COLORS[label])
             ax.set_xscale("log", base=2)
-            ax.set_title(f"d{d} {'causal' if causal else 'non-causal'}")
+            ax.set_title(f"{direction} {dim_label(sel[0]) if sel else dim}: {'causal' if causal else 'no mask'}")
             ax.set_xlabel("seqlen (batch x seqlen = 16k)")
+            ax.set_ylabel("TFLOP/s")
             ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("TFLOP/s")
-        axes[1][0].set_ylabel("TFLOP/s")
-    axes[0][0].legend(fontsize=8)
-    title = f"forward, bf16, {data.get('gpu', 'GPU')}" if isinstance(data, dict) else "forward, bf16"
-    fig.suptitle(title + (f"; bf16 matmul {data['matmul_tflops']} TFLOP/s" if isinstance(data, dict) else ""))
+            if j == 0:
+                ax.legend(fontsize=7)
+    title = f"bf16, {data.get('gpu', 'GPU')}" if isinstance(data, dict) else "bf16"
+    if isinstance(data, dict) and "matmul_tflops" in data:
+        title += f"\nbf16 8192^3 matmul {data['matmul_tflops']} TFLOP/s in the same run"
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(dst, dpi=110)
+    fig.savefig(dst, dpi=100)
 
 
 if __name__ == "__main__":
