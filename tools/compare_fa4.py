@@ -84,38 +84,27 @@ def fa4_kernel(d: int, dv: int, causal: bool):
 
 
 def fa4gen_kernel(d: int, dv: int, causal: bool):
-    from fa4gen.builder import compile_package, render_spec, write_package
+    """(meta, SASS text, seconds, plan) of fa4gen's default forward for the arch, compiled here."""
+    from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.spec import spec_from_dict
 
-    from fa4gen.compile.aot import SASS_FILE
-    from fa4gen.compile.cache import DiskCache
-
-    spec = {"name": f"cmp_d{d}_{dv}_{int(causal)}", "targets": [ARCH], "dtype": "bf16", "head_dim": d,
-            "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"}}
-    pkg, plans, _ = render_spec(spec_from_dict(spec), "tools/compare_fa4.py")
-    plans = plans[:1]  # the default forward (a masked d <= 64 spec also has a 192-row one for long calls)
-    out = Path(tempfile.mkdtemp(prefix="fa4gen-cmp-"))
-    write_package(pkg, out)
-    cache = DiskCache(out / "cache")
-    (report,) = compile_package(out / pkg.name, f"cmp_{pkg.name}", plans, keep_sass=True, cache=cache)
+    spec = spec_from_dict({"name": f"cmp_d{d}_{dv}_{int(causal)}", "targets": [ARCH], "dtype": "bf16",
+                           "head_dim": d, "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"}})
+    plans, _ = plan_spec(spec, archs=[ARCH])
+    # the default forward (a masked d <= 64 spec also has a 192-row one for long calls)
+    ((plan, report, sass),) = compile_for_sass(spec, plans[:1], Path(tempfile.mkdtemp(prefix="fa4gen-cmp-")), "cmp")
     if report.status == "failed":
         raise RuntimeError(report.detail)
-    entry = next(e for e in cache.ls() if e.meta.get("name") == f"{spec['name']}.{plans[0].module}")
-    return report.meta, entry.file(SASS_FILE).read_text(), report.seconds, plans[0]
+    return report.meta, sass, report.seconds, plan
 
 
 def mma_loops(sass: str | None) -> str:
     """'instructions/MMAs/EX2' of each loop issuing MMAs, smallest first (the per-block bodies)."""
-    from fa4gen.compile.sass import loops
+    from sass_loops import loop_rows  # tools/, this script's folder
 
     if not sass:
         return "no SASS"
-    rows = []
-    for body in loops(sass):
-        mma = sum(any(op in b for op in ("HGMMA", "UTCHMMA")) for b in body)
-        if mma:
-            rows.append((len(body), mma, sum("MUFU.EX2" in b for b in body)))
-    return ", ".join(f"{n}/{m}/{e}" for n, m, e in sorted(rows)[:4])
+    return ", ".join(f"{n}/{m}/{e}" for n, m, e, _ in sorted(loop_rows(sass))[:4])
 
 
 def row(name, meta, seconds, smem):
