@@ -97,7 +97,12 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto") -> dic
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
-    atomic = False if DQ_HANDOFF else True if (DET_DQ_ATOMIC if deterministic else DQ_ATOMIC) else None
+    if DQ_HANDOFF:
+        atomic = False
+    elif DET_DQ_ATOMIC if deterministic else DQ_ATOMIC:
+        atomic = True
+    else:
+        atomic = None  # the plan's auto
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}"
             f"{'' if atomic is None else '_atomic' if atomic else '_handoff'}"
             f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}")
