@@ -323,7 +323,6 @@ class FlashBwdSm90:
                             cute.arch.cp_async_bulk_commit_group()
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cute.arch.lane_idx() == 0:
-                        cute.arch.fence_acq_rel_gpu()
                         bwd.pass_turn(sem)
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
         else:
