@@ -311,8 +311,9 @@ class FlashBwdSm90:
                             # free: no consumer waits on this warp while it polls)
                             n_end = cute.ceil_div(seqlen_k, TILE_N)
                             sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
+                            turn = n_end - 1 - n_block
                             if cute.arch.lane_idx() == 0:
-                                bwd.wait_turn(sem, n_end - 1 - n_block)
+                                bwd.wait_turn(sem, turn)
                             cute.arch.sync_warp()
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         with cute.arch.elect_one():
