@@ -47,3 +47,22 @@ def test_consumer_loops_neither_poll_nor_fence(bwd_sass):
     # ... and the turn warp polls and fences
     assert any("ATOMG" in line for line in sass.splitlines())
     assert any("MEMBAR" in line and ".GPU" in line for line in sass.splitlines())
+
+
+def test_turn_warp_reads_the_next_turn_early_and_fences_once(bwd_sass):
+    """The turn warp's per-block loop (no HGMMA; it waits at the dQ barriers and passes the turn) reads the
+    next block's counter before waiting for this block's adds (a relaxed ATOMG, no L1 invalidation of its
+    own, ahead of the BAR.SYNC), and passes the turn after a single gpu-scope MEMBAR: the pass's own
+    fence is also the acquire for that early read."""
+    _, sass = bwd_sass
+    turn_loops = [body for body in loops(sass)
+                  if not any("HGMMA" in line for line in body)
+                  and any("BAR.SYNC" in line for line in body) and any("REDG" in line and ".S32" in line for line in body)]
+    assert len(turn_loops) == 1, len(turn_loops)
+    body = turn_loops[0]
+    first_sync = next(i for i, line in enumerate(body) if "BAR.SYNC" in line)
+    early = [i for i, line in enumerate(body[:first_sync]) if "ATOMG" in line]
+    assert early, "no counter read before the wait for the adds"
+    assert not any("CCTL" in line for line in body[early[-1]:first_sync])  # relaxed: no acquire here
+    pass_at = next(i for i, line in enumerate(body) if "REDG" in line and ".S32" in line)
+    assert sum("MEMBAR" in line and ".GPU" in line for line in body[first_sync:pass_at]) == 1

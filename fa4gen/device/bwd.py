@@ -215,10 +215,21 @@ def wait_turn_at_least(counter, turn: Int32):
 
 
 @cute.jit
+def peek_turn(counter) -> Int32:
+    """The counter at `counter` now (one thread, relaxed: no ordering of its own). A caller that acts on
+    the value must issue an acquire (or acq_rel) fence after this read and before what depends on it."""
+    return cute.arch.atomic_add(counter, Int32(0), sem="relaxed", scope="gpu")
+
+
+@cute.jit
 def pass_turn(counter, count: cutlass.Constexpr[int] = 1):
-    """Hand the counter on by `count` holders (one thread, release ordering)."""
-    cute.arch.red(counter, Int32(count), op="add", dtype=Int32, sem="release", scope="gpu")
+    """Hand the counter on by `count` holders (one thread): a gpu-scope acq_rel fence, then a relaxed add.
+    The fence orders what this CTA wrote before (the dQ adds, seen by this thread through a barrier or a
+    bulk-copy wait) ahead of the add — one MEMBAR, where a fence and a release add took two — and it is
+    also the acquire for a turn read earlier by `peek_turn`."""
+    cute.arch.fence_acq_rel_gpu()
+    cute.arch.red(counter, Int32(count), op="add", dtype=Int32, sem="relaxed", scope="gpu")
 
 
-__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "wait_turn",
-           "wait_turn_at_least"]
+__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "peek_turn",
+           "wait_turn", "wait_turn_at_least"]

@@ -290,14 +290,15 @@ class FlashBwdSm90:
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tiles (one chunk of 64 x DQ_N per warpgroup, in
                 # fragment order) into the fp32 accumulator, one bulk reduce each
+                if cutlass.const_expr(DQ_BUFS == 2):
+                    # deterministic: the buffers are freed at the end of each block, as soon as its reduces
+                    # have read them (before the wait for the adds to land and the pass): here for the first
+                    # (one arrival per block the consumers hand over, none without blocks)
+                    if m_max > m_min:
+                        for w in cutlass.range_constexpr(2):
+                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
-                    if cutlass.const_expr(DQ_BUFS == 2):
-                        # a buffer per warpgroup: free both before waiting for either tile, so neither
-                        # warpgroup's hand-off waits for the other's (pending: w0, w1 of the last block)
-                        for w in cutlass.range_constexpr(2):
-                            cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
-                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                     for w in cutlass.range_constexpr(2):
                         if cutlass.const_expr(DQ_BUFS == 1):
                             # one buffer in turns: warpgroup w may write once the previous reduce has read it
@@ -310,8 +311,9 @@ class FlashBwdSm90:
                             # free: no consumer waits on this warp while it polls)
                             n_end = cute.ceil_div(seqlen_k, TILE_N)
                             sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
+                            turn = n_end - 1 - n_block
                             if cute.arch.lane_idx() == 0:
-                                bwd.wait_turn(sem, n_end - 1 - n_block)
+                                bwd.wait_turn(sem, turn)
                             cute.arch.sync_warp()
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         with cute.arch.elect_one():
@@ -321,9 +323,15 @@ class FlashBwdSm90:
                                 mdQacc_h.iterator + dq_chunk * (64 * DQ_N), sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4
                             )
                             cute.arch.cp_async_bulk_commit_group()
+                    if cutlass.const_expr(DQ_BUFS == 2):
+                        # the next block's buffers: free once read, so the consumers can write them while
+                        # these adds land and the turn passes
+                        if m_block + 1 < m_max:
+                            for w in cutlass.range_constexpr(2):
+                                cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
+                                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cute.arch.lane_idx() == 0:
-                        cute.arch.fence_acq_rel_gpu()
                         bwd.pass_turn(sem)
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
         else:
