@@ -127,7 +127,9 @@ def _preprocess_row(head_dim_v: cutlass.Constexpr[int], head_dim: cutlass.Conste
     if valid:
         o_row = mO[batch, src, head, None]
         do_row = mdO[batch, src, head, None]
-        for i in cutlass.range_constexpr((head_dim_v // VEC + 3) // 4):
+        # four chunks of O and dO in flight per lane (all eight at head dim 256 spilled a register in the
+        # varlen preprocess, whose tile lookup holds more live values; CPU SASS)
+        for i in cutlass.range((head_dim_v // VEC + 3) // 4, unroll=4):
             c = lane4 + 4 * i
             if c < head_dim_v // VEC:
                 ro = cute.make_rmem_tensor((VEC,), mO.element_type)
