@@ -63,6 +63,9 @@ BWD_VARIANTS = {
     "vlb_bf16_d128_none_gqa_swap80": dict(dtype="bf16", head_dim=128, pipeline={"bwd_swap_ab": True}),
     "vlb_bf16_d64_causal_swap128": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"},
                                         pipeline={"bwd_swap_ab": True}),
+    # GQA + deterministic + causal at d64: the tile record carries the epilogue's coordinates, the q head's
+    # turn and the consumers' query-block range (14 LDL/STL before it)
+    "vlb_bf16_d64_causal_gqa_det": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, deterministic=True),
 }
 
 

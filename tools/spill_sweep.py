@@ -8,7 +8,7 @@ For each kernel of each variant it prints the spill instructions per CUDA functi
 the per-block loops, where a spill costs every iteration, are the short ones: see tools/sass_loops.py).
 Writes a JSON summary with --out.
 
-Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--out F]`.
+Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--only bwd] [--out F]`.
 One compile is about 3-10 s on one core; the default grid is a few hundred kernels (tens of minutes).
 """
 
@@ -65,7 +65,7 @@ def _mma_loop_spills(sass: str, loops) -> list[tuple[int, int, int]]:
     return rows
 
 
-def sweep(specs, out_rows):
+def sweep(specs, out_rows, directions=("fwd", "bwd")):
     from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.compile.sass import loops
     from fa4gen.plan import PlanError
@@ -76,6 +76,7 @@ def sweep(specs, out_rows):
             try:
                 spec = spec_from_dict(data)
                 plans, _ = plan_spec(spec, archs=["sm90"])
+                plans = [p for p in plans if p.direction in directions]
             except (PlanError, ValueError) as err:  # a combination the planner refuses (reported, not a spill)
                 out_rows.append(dict(spec=data["name"], refused=str(err).splitlines()[0][:160]))
                 print(f"{data['name']}: refused: {str(err).splitlines()[0][:120]}", flush=True)
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--varlen", default="0,1")
     ap.add_argument("--det", default="0,1")
     ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--only", choices=("fwd", "bwd"), default=None, help="compile only this direction's kernels")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
                      flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","))
     rows = []
     try:
-        sweep(specs, rows)
+        sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"))
     finally:
         if args.out is not None:
             args.out.write_text(json.dumps(rows, indent=1))

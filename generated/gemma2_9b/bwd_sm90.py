@@ -43,6 +43,7 @@ REGS_CONSUMER = 240
 # The two consumer warpgroups split dK/dV by key rows (64 each) when TILE_N is 128, by head-dim
 # columns when it is 64.
 DKV_SPLIT = 2
+TILE_IDS = 3  # Int32 entries of the tile record (head_kv, batch, n_block)
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 # S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
 ROW_SPLIT = TILE_M == 128
@@ -178,6 +179,7 @@ class FlashBwdSm90:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, DO_STAGES * 2]
+            tile_ids: cute.struct.MemRange[Int32, TILE_IDS]  # the tile record, in the padding before sQ's alignment
             sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sK_layout)], 1024]
@@ -218,7 +220,6 @@ class FlashBwdSm90:
         mQ_s, mdO_s = (t[None, None, head, batch] for t in (mQ, mdO))
         mdQacc_h = mdQacc[batch, head, None]
         mK_s, mV_s = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
-        mdKacc_s, mdVacc_s = mdKacc[None, None, head_kv, batch], mdVacc[None, None, head_kv, batch]
         mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
@@ -226,6 +227,17 @@ class FlashBwdSm90:
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
+        # The tile record: values the roles need after the split wait in shared memory, not registers.
+        # Held in registers across the consumers' main loop (at their register limit) or into the
+        # producers' 24, ptxas spilled them to local memory (LDL/STL): the GQA epilogue's coordinates
+        # (recomputed from blockIdx, LLVM merged them with these, and a division recomputed in the
+        # epilogue kept its divisor alive instead), the varlen epilogue's sequence, and the varlen
+        # consumers' query-block range. Written before the sync below, read after it.
+        s_ids = storage.tile_ids.get_tensor(cute.make_layout(TILE_IDS))
+        if tidx == 0:
+            s_ids[0] = head_kv
+            s_ids[1] = batch
+            s_ids[2] = n_block
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
         pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
@@ -597,6 +609,11 @@ class FlashBwdSm90:
 
             # Epilogue: dK (scaled) and dV of this key block
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+            # this tile's coordinates, back from shared memory (written before the prologue's sync)
+            e_head_kv = cute.arch.make_warp_uniform(s_ids[0])
+            e_batch = cute.arch.make_warp_uniform(s_ids[1])
+            e_n_block = cute.arch.make_warp_uniform(s_ids[2])
+            mdKacc_s, mdVacc_s = mdKacc[None, None, e_head_kv, e_batch], mdVacc[None, None, e_head_kv, e_batch]
             # fp32 tiles of 64 key rows added into the group's accumulators by TMA (reduce-add), staged in
             # the Q buffers (no dQ buffers with plan.dq_atomic): both warpgroups are past their last
             # query block, so no WGMMA reads them and no TMA load is left to land in them
@@ -620,9 +637,9 @@ class FlashBwdSm90:
                     cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
                     if warp_idx == 4:
                         if cutlass.const_expr(DKV_SPLIT == 1):
-                            tile = tgX[None, n_block * 2 + w, 0]
+                            tile = tgX[None, e_n_block * 2 + w, 0]
                         else:
-                            tile = tgX[None, n_block, w]
+                            tile = tgX[None, e_n_block, w]
                         cute.copy(tma, tsX[None, 0], tile)
                         cute.arch.cp_async_bulk_commit_group()
                         cute.arch.cp_async_bulk_wait_group(0, read=True)

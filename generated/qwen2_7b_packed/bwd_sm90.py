@@ -43,6 +43,7 @@ REGS_CONSUMER = 240
 # The two consumer warpgroups split dK/dV by key rows (64 each) when TILE_N is 128, by head-dim
 # columns when it is 64.
 DKV_SPLIT = 1
+TILE_IDS = 8  # Int32 entries of the tile record (head_kv, batch, n_block, key_tile, offset_k, seqlen_k, m_min, m_max)
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 # S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
 ROW_SPLIT = TILE_M == 128
@@ -190,6 +191,7 @@ class FlashBwdSm90:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, DO_STAGES * 2]
+            tile_ids: cute.struct.MemRange[Int32, TILE_IDS]  # the tile record, in the padding before sQ's alignment
             sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sK_layout)], 1024]
@@ -248,8 +250,6 @@ class FlashBwdSm90:
         mdQacc_h = mdQacc[0, head, None]
         mK_s = varlen.sequence_rows(mK, offset_k, seqlen_k, 0)[None, None, head_kv]
         mV_s = varlen.sequence_rows(mV, offset_k, seqlen_k, 0)[None, None, head_kv]
-        mdKacc_s = varlen.sequence_rows(mdKacc, offset_k, seqlen_k, 0)[None, None, head_kv]
-        mdVacc_s = varlen.sequence_rows(mdVacc, offset_k, seqlen_k, 0)[None, None, head_kv]
         # LSE2 / D rows are padded per query tile: this sequence's start at its first tile
         mLSE2_s = cute.domain_offset((q_tile0 * TILE_M,), mLSE2[0, head, None])
         mD_s = cute.domain_offset((q_tile0 * TILE_M,), mD[0, head, None])
@@ -258,7 +258,31 @@ class FlashBwdSm90:
             # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
+        # (varlen: the query-block range comes before the tile record, which carries it to the consumers)
+        m_min, m_max = mask.m_block_range(
+            n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
+        )
+        if n_block * TILE_N >= seqlen_k:
+            m_max = m_min  # past this sequence's keys: no query block to visit, every store falls outside it
+        m_min = cute.arch.make_warp_uniform(m_min)
+        m_max = cute.arch.make_warp_uniform(m_max)
         storage = SmemAllocator().allocate(self.shared_storage)
+        # The tile record: values the roles need after the split wait in shared memory, not registers.
+        # Held in registers across the consumers' main loop (at their register limit) or into the
+        # producers' 24, ptxas spilled them to local memory (LDL/STL): the GQA epilogue's coordinates
+        # (recomputed from blockIdx, LLVM merged them with these, and a division recomputed in the
+        # epilogue kept its divisor alive instead), the varlen epilogue's sequence, and the varlen
+        # consumers' query-block range. Written before the sync below, read after it.
+        s_ids = storage.tile_ids.get_tensor(cute.make_layout(TILE_IDS))
+        if tidx == 0:
+            s_ids[0] = head_kv
+            s_ids[1] = batch
+            s_ids[2] = n_block
+            s_ids[3] = key_tile
+            s_ids[4] = offset_k
+            s_ids[5] = seqlen_k
+            s_ids[6] = m_min
+            s_ids[7] = m_max
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
         pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
@@ -273,13 +297,6 @@ class FlashBwdSm90:
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
         sD = storage.sD.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
-        m_min, m_max = mask.m_block_range(
-            n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-        )
-        if n_block * TILE_N >= seqlen_k:
-            m_max = m_min  # past this sequence's keys: no query block to visit, every store falls outside it
-        m_min = cute.arch.make_warp_uniform(m_min)
-        m_max = cute.arch.make_warp_uniform(m_max)
 
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
@@ -345,6 +362,9 @@ class FlashBwdSm90:
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
+            # the query-block range from the tile record: not held over the producers' 24 registers
+            m_min = cute.arch.make_warp_uniform(s_ids[6])
+            m_max = cute.arch.make_warp_uniform(s_ids[7])
             tidx_c = tidx - 128
             wg_c = cute.arch.make_warp_uniform(warp_idx // 4 - 1)
             # the LSE/D columns of this (batch, head), addressed once (bwd.held_view)
@@ -591,6 +611,15 @@ class FlashBwdSm90:
 
             # Epilogue: dK (scaled) and dV of this key block
             cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+            # this tile's coordinates, back from shared memory (written before the prologue's sync)
+            e_head_kv = cute.arch.make_warp_uniform(s_ids[0])
+            e_batch = cute.arch.make_warp_uniform(s_ids[1])
+            e_n_block = cute.arch.make_warp_uniform(s_ids[2])
+            e_key_tile = cute.arch.make_warp_uniform(s_ids[3])
+            e_offset_k = cute.arch.make_warp_uniform(s_ids[4])
+            e_seqlen_k = cute.arch.make_warp_uniform(s_ids[5])
+            mdKacc_s = varlen.sequence_rows(mdKacc, e_offset_k, e_seqlen_k, 0)[None, None, e_head_kv]
+            mdVacc_s = varlen.sequence_rows(mdVacc, e_offset_k, e_seqlen_k, 0)[None, None, e_head_kv]
             # fp32 tiles of 64 key rows added into the group's accumulators by TMA (reduce-add), through
             # the dQ buffer
             cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
@@ -614,9 +643,9 @@ class FlashBwdSm90:
                     cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
                     if warp_idx == 4:
                         if cutlass.const_expr(DKV_SPLIT == 1):
-                            tile = tgX[None, n_block * 2 + w, 0]
+                            tile = tgX[None, e_n_block * 2 + w, 0]
                         else:
-                            tile = tgX[None, n_block, w]
+                            tile = tgX[None, e_n_block, w]
                         cute.copy(tma, tsX[None, 0], tile)
                         cute.arch.cp_async_bulk_commit_group()
                         cute.arch.cp_async_bulk_wait_group(0, read=True)
