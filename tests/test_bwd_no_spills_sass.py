@@ -3,7 +3,7 @@ asks for no LDL/STL in any SM90 kernel; tools/spill_sweep.py sweeps the whole gr
 that spilled before, one per cause):
 
 - the d256 varlen preprocess held a spilled register while all eight 16-byte chunks of O and dO per
-  lane were in flight; four at a time fit;
+  lane were in flight; four at a time fit (the dense one keeps all eight: four spilled 4 at fp16);
 - the GQA epilogue's tile coordinates (head_kv, batch, key block, ...), live across the consumers' main
   loop at their register limit, were spilled once per CTA; they now wait in shared memory (the tile
   record) and the epilogue reads them back;
@@ -27,9 +27,12 @@ CAUSAL = {"kind": "causal"}
 NONE = {"kind": "none"}
 
 CASES = {
-    # name: (head dim, mask, GQA, varlen, deterministic); LDL/STL before the fix in the comment
+    # name: (head dim, mask, GQA, varlen, deterministic[, dtype, softcap]); LDL/STL before the fix in the
+    # comment
     "d256_causal_varlen": (256, CAUSAL, False, True, False),  # preprocess 2
     "d256_none_gqa_varlen_det": (256, NONE, True, True, True),  # main 2 + preprocess 2
+    # the dense preprocess keeps all eight chunks in flight (four at a time spilled 4 at fp16)
+    "d256_causal_fp16": (256, CAUSAL, False, False, False, "fp16", 0.0),
     "d128_none_gqa_det": (128, NONE, True, False, True),  # 4
     "d128_none_gqa_varlen": (128, NONE, True, True, False),  # 8
     "d128_causal_gqa_varlen_det": (128, CAUSAL, True, True, True),  # 14
@@ -44,9 +47,10 @@ def test_backward_has_no_spills(case, tmp_path):
     from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.spec import spec_from_dict
 
-    d, mask, gqa, varlen, det = CASES[case]
-    spec = spec_from_dict(dict(name=f"ns_{case}", targets=["sm90"], dtype="bf16", head_dim=d, mask=mask,
-                               allow_gqa=gqa, backward=True, varlen=varlen, deterministic=det))
+    d, mask, gqa, varlen, det, dtype, softcap = (CASES[case] + ("bf16", 0.0))[:7]
+    spec = spec_from_dict(dict(name=f"ns_{case}", targets=["sm90"], dtype=dtype, head_dim=d, mask=mask,
+                               softcap=softcap, allow_gqa=gqa, backward=True, varlen=varlen,
+                               deterministic=det))
     plans, _ = plan_spec(spec, archs=["sm90"])
     bwd = next(p for p in plans if p.direction == "bwd")
     assert bwd.dkv_accum == gqa  # GQA takes the fp32 dK/dV accumulators (the epilogue under test)
@@ -54,7 +58,6 @@ def test_backward_has_no_spills(case, tmp_path):
     assert report.status == "compiled", report.detail
     functions = {part.split("\n", 1)[0]: part for part in sass.split(".section\t.text.")[1:]}
     assert any("FlashBwd" in name for name in functions)
-    if varlen:
-        assert any("PreprocessVarlen" in name for name in functions)
+    assert any(("PreprocessVarlen" if varlen else "Preprocess") in name for name in functions)
     spilled = {name[:80]: len(re.findall(r"\b(?:LDL|STL)\b", body)) for name, body in functions.items()}
     assert not any(spilled.values()), spilled

@@ -68,7 +68,7 @@ class Preprocess:
                mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
         batch, head, row, lane4 = _thread_row()
         _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
-                        batch, head, row, row, row < mO.shape[1], lane4)
+                        batch, head, row, row, row < mO.shape[1], lane4, 0)
 
 
 class PreprocessVarlen(Preprocess):
@@ -105,13 +105,14 @@ class PreprocessVarlen(Preprocess):
             if i >= self.tile_m:
                 dst = mLSE2.shape[2]
             _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
-                            0, head, offset + r, dst, r < seqlen and i < self.tile_m, tidx % 4)
+                            0, head, offset + r, dst, r < seqlen and i < self.tile_m, tidx % 4, 4)
 
 
 @cute.jit
 def _preprocess_row(head_dim_v: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int], mO: cute.Tensor,
                     mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
-                    mdQacc: cute.Tensor, batch: Int32, head: Int32, src: Int32, dst: Int32, valid, lane4: Int32):
+                    mdQacc: cute.Tensor, batch: Int32, head: Int32, src: Int32, dst: Int32, valid, lane4: Int32,
+                    in_flight: cutlass.Constexpr[int]):
     """One query row, by the 4 lanes of a quad (all of a warp's lanes must call it: the row sum
     shuffles): zero dQ accumulator row `dst`; if `valid`, D and LSE2 of packed row `src` into `dst`,
     else (the padding to whole tiles) D = 0 and LSE2 = +inf there."""
@@ -127,9 +128,10 @@ def _preprocess_row(head_dim_v: cutlass.Constexpr[int], head_dim: cutlass.Conste
     if valid:
         o_row = mO[batch, src, head, None]
         do_row = mdO[batch, src, head, None]
-        # four chunks of O and dO in flight per lane (all eight at head dim 256 spilled a register in the
-        # varlen preprocess, whose tile lookup holds more live values; CPU SASS)
-        for i in cutlass.range((head_dim_v // VEC + 3) // 4, unroll=4):
+        # `in_flight` chunks of O and dO per lane at a time, 0 = all: all eight at head dim 256 spilled a
+        # register in the varlen preprocess, whose tile lookup holds more live values, while four at a
+        # time spilled 4 in the fp16 dense one (CPU SASS)
+        for i in cutlass.range((head_dim_v // VEC + 3) // 4, unroll=in_flight, unroll_full=in_flight == 0):
             c = lane4 + 4 * i
             if c < head_dim_v // VEC:
                 ro = cute.make_rmem_tensor((VEC,), mO.element_type)
