@@ -17,6 +17,8 @@ of warp 0 and of the last warp, and every 5th thread).
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytestmark = pytest.mark.compile
@@ -61,7 +63,49 @@ def _check(head_dim: int, tile_m: int, seen: dict):
         seen[(head_dim, tile_m, w)].update(zip(offsets, positions))
 
 
-@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64), (128, 80)])
+def _planned_pairs() -> list[tuple[int, int]]:
+    """Every (head dim, tile_m) the sm90 planner gives a backward: head dims 16-256 in steps of 16 and
+    (192, 128), each mask class, softcap, GQA, the Sᵀ switch."""
+    from fa4gen.plan import PlanError, plan_kernels
+    from fa4gen.spec import spec_from_dict
+
+    dims = [(d, d) for d in range(16, 257, 16)] + [(192, 128)]
+    masks = [{"kind": "none"}, {"kind": "causal"}, {"kind": "sliding_window", "left": 64, "right": 0}]
+    pairs = set()
+    for (d, dv), mask, softcap, gqa, swap in itertools.product(dims, masks, (0.0, 20.0), (False, True),
+                                                               ("auto", True, False)):
+        spec = dict(name="pp", targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask,
+                    softcap=softcap, allow_gqa=gqa, backward=True, pipeline={"bwd_swap_ab": swap})
+        try:
+            plans = plan_kernels(spec_from_dict(spec), "sm90")
+        except (PlanError, ValueError):
+            continue  # a combination the planner refuses with a named error
+        pairs.update((p.head_dim, p.tile_m) for p in plans if p.direction == "bwd")
+    return sorted(pairs)
+
+
+PLANNED = _planned_pairs()
+
+
+def test_the_sweep_sees_every_tile_kind():
+    # 128-row (d <= 64), 64-row and the 80-row dQᵀ tile all occur
+    assert {t for _, t in PLANNED} >= {64, 80, 128} and (128, 80) in PLANNED
+
+
+@pytest.mark.parametrize("head_dim, tile_m", PLANNED)
+def test_two_chunks_tile_the_dq_block_exactly(head_dim, tile_m):
+    """The two warpgroups' (64, DQ_N) chunks cover the block's (tile_m, head_dim) dQ once: as many floats,
+    and every chunk inside it (a dQᵀ at head dim 112 once ran its second warpgroup past K and its chunk
+    into the next head's accumulator)."""
+    _, dq_n = sm90.dq_split(head_dim, tile_m)
+    assert 2 * 64 * dq_n == tile_m * head_dim, (head_dim, tile_m, dq_n)
+    rows, cols = (head_dim, tile_m) if sm90.dq_transposed(tile_m) else (tile_m, head_dim)
+    for w in (0, 1):
+        r0, c0 = sm90.chunk_origin(w, tile_m, dq_n)
+        assert r0 + 64 <= rows and c0 + dq_n <= cols, (head_dim, tile_m, w)
+
+
+@pytest.mark.parametrize("head_dim, tile_m", PLANNED)
 def test_dq_chunk_round_trip(head_dim, tile_m):
     seen = {(head_dim, tile_m, w): set() for w in (0, 1)}
 
@@ -76,7 +120,7 @@ def test_dq_chunk_round_trip(head_dim, tile_m):
         assert len({o for o, _ in pairs}) == len({rc for _, rc in pairs}) == len(pairs) > 0
 
 
-@pytest.mark.parametrize("head_dim, tile_m", [(64, 128), (64, 64), (96, 64), (128, 64), (192, 64), (256, 64)])
+@pytest.mark.parametrize("head_dim, tile_m", PLANNED)
 def test_plan_sizes_the_dq_buffers_as_the_kernel_splits_dq(head_dim, tile_m):
     """The plan's shared-memory budget (`_dq_cols`) and the kernel's chunk width (`sm90.dq_split`) are
     two spellings of one rule (the plan cannot import the device module); they must agree."""

@@ -52,6 +52,9 @@ SPECS = {
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
     # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
     "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),
+    # d112 without a mask: Sᵀ with 64-row steps (the 80-row dQᵀ tile is head dim 128 only; at 112 its
+    # second warpgroup ran past K, session 12 — caught on the CPU, this variant has not run on the GPU yet)
+    "gb_bf16_d112_none_mha": dict(dtype="bf16", head_dim=112, allow_gqa=False),
     "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
                                                deterministic=True, allow_gqa=False),
     # the opt-in Sᵀ layout (pipeline.bwd_swap_ab, d <= 128): Pᵀ/dSᵀ from registers, per-query statistics by shuffle

@@ -548,6 +548,8 @@ def test_backward_swap_ab_choices_and_limits():
     assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
     assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 80
     assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
+    # the 80-row tile computes dQᵀ with 64 head-dim rows per warpgroup: head dim 128 only
+    assert (bwd((112, None), none, {}).swap_sdp, bwd((112, None), none, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp
     assert (bwd((64, None), none, {}).swap_sdp, bwd((64, None), none, {}).tile_m) == (True, 128)
     assert (bwd((64, None), causal, {}, varlen=True).swap_sdp, bwd((64, None), causal, {}, varlen=True).tile_m) == (True, 128)

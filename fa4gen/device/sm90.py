@@ -62,6 +62,8 @@ def dq_split(head_dim: int, tile_m: int) -> tuple[tuple[int, int, int], int]:
     if tile_m == 128:
         return (2, 1, 1), head_dim
     if dq_transposed(tile_m):
+        if head_dim != 128:  # two warpgroups of 64 head-dim rows: any other head dim reads past K
+            raise ValueError(f"dQᵀ (tile_m {tile_m}) splits head-dim rows 64 per warpgroup: head dim 128 only, got {head_dim}")
         return (2, 1, 1), tile_m
     return (1, 2, 1), head_dim // 2
 

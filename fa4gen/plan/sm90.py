@@ -245,10 +245,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # (det/non-det 0.88-0.95); GQA keeps its tiles (fp32 dK/dV staging by key rows)
     if dkv_t:
         tile_n = 96
-    if swap and spec.mask.kind == "none" and not spec.softcap and 96 < max(d, dv) <= 128:
+    if swap and spec.mask.kind == "none" and not spec.softcap and max(d, dv) == 128:
         # 80 query rows per step (flash-attn-4's / FA3's d128 tile without a mask): the per-step chain
         # (waits, barriers, the dQ hand-off) serves 25% more rows; dQ is computed transposed (dQᵀ =
-        # Kᵀ·dSᵀ) since WGMMA rows come in 64s. It fits the registers only with the per-query
+        # Kᵀ·dSᵀ) since WGMMA rows come in 64s: 64 head-dim rows per warpgroup, so exactly head dim 128
+        # (at 112 the second warpgroup's rows ran past K, session 12). It fits the registers only with the per-query
         # statistics in shared memory (bulk-copied with Q); softcap's extra
         # factor (P·(1 - tanh²) in bf16) spilled 5 registers in the loop (CPU SASS), so 64 rows there
         tile_m = 80
