@@ -489,6 +489,24 @@ def test_a_cached_signature_does_not_let_bad_values_through(build_pkg, monkeypat
     assert counts["launch"] == 2
 
 
+def test_a_cached_out_signature_still_refuses_an_out_that_overlaps_or_needs_grad(build_pkg, monkeypatch):
+    """The key holds out's shape and strides, not its address or autograd state: an out= call replayed
+    from the cache with out overlapping an input, or requiring grad, takes the full checks, which refuse
+    it naming out (a launch would store O over inputs other tiles still load, or behind autograd)."""
+    pkg = build_pkg(**SPECS["local"])
+    counts = _counting(FakeKernels(pkg._forward).install(monkeypatch), monkeypatch)
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    pkg.attention(q, k, v, out=out)
+    pkg.attention(q, k, v, out=out)
+    assert counts == {"validate": 1, "launch": 2}
+    with pytest.raises(ValueError, match="^out: overlaps q"):
+        pkg.attention(q, k, v, out=q[..., : v.shape[-1]] if q.shape[-1] != v.shape[-1] else q)
+    with pytest.raises(RuntimeError, match="^out: must not require grad"):
+        pkg.attention(q, k, v, out=torch.empty_like(out).requires_grad_())
+    assert counts == {"validate": 3, "launch": 2}
+
+
 def test_calls_that_need_more_than_a_launch_take_the_full_path(build_pkg, monkeypatch):
     pkg = build_pkg(**SPECS["causal"])
     op = pkg._forward

@@ -115,7 +115,8 @@ VALIDATED = {
     "window": lambda op, plan, call: ForwardOp._runtime_args(plan, 0.125, call.kwargs["window"], None),
     "chunk_size": lambda op, plan, call: ForwardOp._runtime_args(plan, 0.125, None, call.kwargs["chunk_size"]),
     "out": lambda op, plan, call: ForwardOp._check_out(
-        call.kwargs["out"], (*call.q.shape[:-1], plan["head_dim_v"]), call.q.dtype),
+        call.kwargs["out"], (*call.q.shape[:-1], plan["head_dim_v"]), call.q.dtype,
+        (("q", call.q), ("k", call.k), ("v", call.v))),
     "kv_heads": lambda op, plan, call: op.check_shapes(call.q, call.k, call.v, plan),
     "kv_batch": lambda op, plan, call: op.check_shapes(call.q, call.k, call.v, plan),
     "v_seqlen": lambda op, plan, call: op.check_shapes(call.q, call.k, call.v, plan),
@@ -158,6 +159,36 @@ def test_bad_arguments_are_named_even_with_cpu_tensors():
             call, arg = bad_call(plan, good_call(plan), kind, variant)
             message = _reject(pkg, call)
             assert names_argument(message, arg), f"{kind}/{variant}: {message!r} does not name {arg!r}"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_out_scale_and_return_lse_values_found_by_review_are_refused(name):
+    """Every variant of the out / softmax_scale / return_lse mutations, deterministically (the fuzz test
+    above samples them): expanded out, out overlapping q, out requiring grad, a scale whose fp32
+    scale * log2(e) overflows, a non-bool return_lse."""
+    pkg, plan = _package(name)
+    base = good_call(plan)
+    for kind in ("out", "softmax_scale", "return_lse_type"):
+        for variant in range(MUTATIONS[kind][1]):
+            call, arg = bad_call(plan, base, kind, variant)
+            with pytest.raises(ERRORS) as err:
+                pkg._forward.validate(call.q, call.k, call.v, **call.kwargs)
+            assert names_argument(str(err.value), arg), f"{kind}/{variant}: {err.value!s} does not name {arg!r}"
+
+
+def test_lengths_beyond_the_kernels_index_range_are_refused():
+    """Sequence lengths are int32 in the kernels, and packed rows are addressed within 2^30 per sequence
+    (device/varlen.SPAN): expanded (stride-0) inputs of such lengths are refused naming the tensor."""
+    pkg, plan = _package("llama3_8b")
+    call = good_call(plan)
+    big = call.k[:, :1].expand(call.k.shape[0], 2**31, *call.k.shape[2:])
+    with pytest.raises(ValueError, match="^k: seqlen must be < 2\\*\\*31"):
+        pkg._forward.check_shapes(call.q, big, call.v[:, :1].expand(*big.shape[:-1], call.v.shape[-1]), plan)
+    pkg, plan = _package("qwen2_7b_packed")
+    call = good_call(plan)
+    rows = call.k[:1].expand(2**30 + 1, *call.k.shape[1:])
+    with pytest.raises(ValueError, match="^k: at most 2\\*\\*30 packed rows"):
+        pkg._forward.check_shapes(call.q, rows, call.v[:1].expand(2**30 + 1, *call.v.shape[1:]), plan)
 
 
 def test_chunk_size_beyond_int32_is_refused():

@@ -30,6 +30,7 @@ from fa4gen.compile.generated import compile_generated
 from fa4gen.reference import check_cu_seqlens_values, check_seqused_values
 
 LOG2_E = math.log2(math.e)
+FP32_MAX = 3.4028234663852886e38  # the largest finite float32
 CAPABILITY_TO_ARCH = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100"}
 GRID_LIMIT = 65535
 
@@ -109,6 +110,18 @@ def call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out=None) -
             return None
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
             v.shape, v.stride(), v.dtype, v.device) + extra + given
+
+
+def extent(t: torch.Tensor) -> int:
+    """Bytes from t's first element to one past its last (0 when empty); with its data_ptr, the address
+    range it touches."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def overlaps(a_ptr: int, a_len: int, b_ptr: int, b_len: int) -> bool:
+    return a_len > 0 and b_len > 0 and a_ptr < b_ptr + b_len and b_ptr < a_ptr + a_len
 
 
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -332,9 +345,18 @@ class ForwardOp:
         """A call whose signature (call_key) passed every check before: allocate and launch, nothing else.
         None when a tensor's base address is not 16-byte aligned (the slow path copies an input and
         names a misaligned out)."""
-        fn, args, out_shape, dtype, lse_shape, lse = hit
-        if q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16 or (out is not None and out.data_ptr() % 16):
+        fn, args, out_shape, dtype, lse_shape, lse, spans = hit
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if qp % 16 or kp % 16 or vp % 16:
             return None
+        if out is not None:
+            # out's own checks depend on its address and autograd state too: overlap with an input, or
+            # requiring grad, go to the full checks (which name the problem)
+            op = out.data_ptr()
+            q_len, k_len, v_len, o_len = spans
+            if (op % 16 or out.requires_grad or overlaps(op, o_len, qp, q_len) or overlaps(op, o_len, kp, k_len)
+                    or overlaps(op, o_len, vp, v_len)):
+                return None
         device = q.device
         if out is None:
             out = torch.empty(out_shape, dtype=dtype, device=device)
@@ -400,7 +422,7 @@ class ForwardOp:
             if len(self._calls) >= CALL_CACHE_SIZE:
                 self._calls.clear()
             self._calls[remember] = (fn, args, tuple(out.shape), out.dtype, None if lse is None else lse_shape,
-                                     lse if lse_scratch else None)
+                                     lse if lse_scratch else None, (extent(q), extent(k), extent(v), extent(out)))
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
@@ -428,13 +450,15 @@ class ForwardOp:
         out_shape = (*q.shape[:-1], plan["head_dim_v"])
         self._scale(softmax_scale, plan)
         self._runtime_args(plan, 1.0, window, chunk_size, seqlens=seqlens)
+        if not isinstance(return_lse, bool):
+            _fail(f"return_lse: expected True or False, got {return_lse!r}", TypeError)
         if return_lse and not plan["write_lse"]:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
         if out is not None:
             if grad:
                 _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
                       "drop out= or run under torch.no_grad()", RuntimeError)
-            self._check_out(out, out_shape, dtype)
+            self._check_out(out, out_shape, dtype, (("q", q), ("k", k), ("v", v)))
         packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
         return plan, packed
 
@@ -553,6 +577,9 @@ class ForwardOp:
             _fail(f"k, v: expected batch {q.shape[0]} like q, got {k.shape[0]} and {v.shape[0]}")
         if k.shape[1] != v.shape[1]:
             _fail(f"v: expected seqlen_k {k.shape[1]} like k, got {v.shape[1]}")
+        for name, t in (("q", q), ("k", k)):
+            if t.shape[1] >= 2**31:  # the kernels take sequence lengths as int32
+                _fail(f"{name}: seqlen must be < 2**31, got {t.shape[1]}")
         self._check_heads(q.shape[2], k.shape[2], v.shape[2], plan)
         if q.shape[0] > GRID_LIMIT:
             _fail(f"q: batch must be <= {GRID_LIMIT}, got {q.shape[0]}")
@@ -562,8 +589,9 @@ class ForwardOp:
             _fail(f"v: expected total_k {k.shape[0]} rows like k, got {v.shape[0]}")
         self._check_heads(q.shape[1], k.shape[1], v.shape[1], plan)
         for name, t in (("q", q), ("k", k)):
-            if t.shape[0] >= 2**31:
-                _fail(f"{name}: at most 2**31 - 1 packed rows, got {t.shape[0]}")
+            if t.shape[0] > 2**30:
+                # the kernels address a sequence's rows in a bounded mode of 2^30 (device/varlen.SPAN)
+                _fail(f"{name}: at most 2**30 packed rows, got {t.shape[0]}")
 
     def _check_heads(self, h: int, h_kv: int, h_v: int, plan) -> None:
         if h_kv != h_v:
@@ -576,13 +604,23 @@ class ForwardOp:
             _fail(f"q: heads must be <= {GRID_LIMIT}, got {h}")
 
     @staticmethod
-    def _check_out(out, shape, dtype) -> None:
+    def _check_out(out, shape, dtype, inputs=()) -> None:
         if not isinstance(out, torch.Tensor):
             _fail(f"out: expected a torch.Tensor, got {type(out).__name__}", TypeError)
         if tuple(out.shape) != shape or out.dtype != dtype:
             _fail(f"out: expected shape {shape} and dtype {dtype}; got {tuple(out.shape)}, {out.dtype}")
         if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st % 8 for st in out.stride()[:-1]):
             _fail(f"out: expected a 16-byte aligned tensor with contiguous last dim, got strides {tuple(out.stride())}")
+        if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+            # an expanded tensor: every tile would store into the same bytes
+            _fail(f"out: expected a tensor whose elements do not share memory, got strides {tuple(out.stride())}")
+        if out.requires_grad:
+            _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
+        span = (out.data_ptr(), extent(out))
+        for name, t in inputs:
+            if overlaps(*span, t.data_ptr(), extent(t)):
+                # tiles store O while others still load these inputs
+                _fail(f"out: overlaps {name} in memory; pass a separate output tensor")
 
     @staticmethod
     def _scale(softmax_scale, plan) -> float:
@@ -590,9 +628,18 @@ class ForwardOp:
             return 1.0 / math.sqrt(plan["head_dim"])
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             _fail(f"softmax_scale: expected a positive float, got {softmax_scale!r}", TypeError)
-        if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-            _fail(f"softmax_scale: expected a positive finite float, got {softmax_scale!r}")
-        return float(softmax_scale)
+        try:
+            scale = float(softmax_scale)
+        except OverflowError:  # an int beyond float's range
+            scale = math.inf
+        # the kernels take scale * log2(e) (and scale / softcap) as fp32: beyond its range they would
+        # compute with inf
+        if not (math.isfinite(scale) and 0 < scale * LOG2_E <= FP32_MAX
+                and (plan["softcap"] <= 0 or scale / plan["softcap"] <= FP32_MAX)):
+            shown = repr(softmax_scale) if len(repr(softmax_scale)) <= 24 else f"{repr(softmax_scale)[:12]}... ({len(repr(softmax_scale))} digits)"
+            _fail(f"softmax_scale: expected a positive float whose product with log2(e) fits fp32 (<= {FP32_MAX:.4g}), "
+                  f"got {shown}")
+        return scale
 
     @staticmethod
     def _runtime_args(plan, scale, window, chunk_size, seqlens=None) -> list:

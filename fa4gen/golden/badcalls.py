@@ -19,7 +19,10 @@ import torch
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NOT_TENSORS: tuple[Any, ...] = (None, 1.0, [[1.0]], "q", b"\x00")
-BAD_SCALES: tuple[Any, ...] = (-1.0, 0.0, -0.0, math.nan, math.inf, -math.inf, "0.1", True, 1j, [0.125])
+BAD_SCALES: tuple[Any, ...] = (
+    -1.0, 0.0, -0.0, math.nan, math.inf, -math.inf, "0.1", True, 1j, [0.125],
+    1e39, 10**400,  # finite in Python, not as the kernels' fp32 scale * log2(e)
+)
 BAD_WINDOWS: tuple[Any, ...] = (
     (1,), (1, 2, 3), (-2, 0), (0, -2), (-1, -1), (1.5, 0), (True, 0), "1,2", 7, (None, None), (2**31, 0),
 )
@@ -133,6 +136,9 @@ def _bad_out(call: Call, i: int, plan) -> Call:
         torch.empty(shape, dtype=torch.float32, device=device),  # wrong dtype
         _last_dim_strided(torch.empty(shape, dtype=dtype, device=device)),  # last dim not contiguous
         [[0.0]],  # not a tensor
+        torch.empty(*shape[:-2], 1, dv, dtype=dtype, device=device).expand(shape),  # heads sharing memory
+        q[..., :dv],  # overlapping q (tiles would store O over queries others still load)
+        torch.empty(shape, dtype=dtype, device=device, requires_grad=True),  # written behind autograd's back
     ]
     return _swap(call, "out", outs[i % len(outs)])
 
@@ -154,11 +160,12 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
     "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
     "v_seqlen": ("v", 1, _one_more_key),
     "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=_heads_dim(c)))),
-    "out": ("out", 5, _bad_out),
+    "out": ("out", 8, _bad_out),
     "softmax_scale": ("softmax_scale", len(BAD_SCALES), lambda c, i, p: _swap(c, "softmax_scale", BAD_SCALES[i])),
     "window": ("window", len(BAD_WINDOWS), _window),
     "chunk_size": ("chunk_size", len(BAD_CHUNKS), _chunk),
     "return_lse": ("return_lse", 1, lambda c, i, p: _swap(c, "return_lse", True)),
+    "return_lse_type": ("return_lse", 2, lambda c, i, p: _swap(c, "return_lse", ["no", torch.tensor([1, 0])][i])),
     "cu_seqlens": ("cu_seqlens_q", 1, lambda c, i, p: _swap(c, "cu_seqlens_q", torch.tensor([0, 5, 3]))),  # not monotone
     # packed sequences (varlen specs; any other spec has no such argument and must say so)
     "cu_seqlens_k": ("cu_seqlens_k", 3, lambda c, i, p: _swap(c, "cu_seqlens_k", [
