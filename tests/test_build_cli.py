@@ -131,6 +131,27 @@ def test_build_invalid_spec(work: Path):
     _no_traceback(result)
 
 
+def test_build_never_replaces_a_folder_it_did_not_generate(work: Path):
+    """A spec named like a folder of the user's (here `specs`) must not empty it: the package folder's
+    stray files are removed on a rebuild, so the build refuses a folder without spec.lock.json, and an
+    <out>/__init__.py it did not write. Nothing is written; the error names the field."""
+    (work / "evil.yaml").write_text("name: specs\ntargets: [sm90]\ndtype: bf16\nhead_dim: 64\n")
+    before = sorted(p.name for p in (work / "specs").iterdir())
+    result = fa4gen_cli("build", "evil.yaml", "--out", str(work), cwd=work)
+    assert result.returncode == 2 and "name: " in result.stderr and "not a generated package" in result.stderr
+    assert sorted(p.name for p in (work / "specs").iterdir()) == before
+    assert not (work / "__init__.py").exists()
+    _no_traceback(result)
+    foreign = work / "mine"
+    foreign.mkdir()
+    (foreign / "__init__.py").write_text("VALUE = 1\n")
+    (work / "ok.yaml").write_text(GOOD_EXTRA)
+    result = fa4gen_cli("build", "ok.yaml", "--out", str(foreign), cwd=work)
+    assert result.returncode == 2 and "--out: " in result.stderr
+    assert (foreign / "__init__.py").read_text() == "VALUE = 1\n" and not (foreign / "extra_ok").exists()
+    _no_traceback(result)
+
+
 def test_build_good_and_bad(work: Path):
     (work / "bad.yaml").write_text(BAD_TWO_PROBLEMS)
     out = work / "X"

@@ -195,8 +195,10 @@ def test_non_finite_floats_rejected(value: float):
     ]
 
 
-@pytest.mark.parametrize("name", ["Llama", "1abc", "has-dash", "class", "x" * 65, ""])
-def test_bad_names(name: str):
+@pytest.mark.parametrize("name", ["Llama", "1abc", "has-dash", "class", "x" * 65, "", "__pycache__", "__init__",
+                                  b"class", bytearray(b"import"), 5])
+def test_bad_names(name):
+    # non-str values are refused before pydantic's lax coercion (bytes -> str) could skip the keyword check
     assert "name" in problems_of(with_(name=name))
 
 
@@ -277,6 +279,7 @@ def test_toml_json_syntax_errors_report_line(tmp_path: Path, suffix: str, text: 
         ("comments.yaml", "# nothing\n", "no content"),
         ("list.yaml", "- a\n- b\n", "expected a mapping"),
         ("list.json", "[1]", "expected a mapping"),
+        ("huge.json", '{"head_dim": ' + "9" * 5000 + "}", "JSON error: Exceeds the limit"),  # not a traceback
     ],
 )
 def test_document_level_problems(tmp_path: Path, filename: str, text: str | None, expected: str):

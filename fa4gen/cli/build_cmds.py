@@ -94,7 +94,11 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
             stale += diff
             status = "stale" if diff else "up to date"
         else:
-            changed = write_package(pkg, out)
+            try:
+                changed = write_package(pkg, out)
+            except SpecError as err:  # a folder fa4gen did not generate: named, nothing written
+                problems.extend(err.lines())
+                continue
             status = f"wrote {len(changed)} file(s)" if changed else "unchanged"
         budgets = {(p.arch, p.module): p.budgets[0].used for p in plans}  # a forward and a backward per arch
         reports = [KernelReport(p.arch, p.module, status) for p in plans]

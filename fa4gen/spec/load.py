@@ -236,6 +236,8 @@ def _parse_json(text: str, source: Path) -> Any:
         raise _document_error(
             source, f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}"
         ) from None
+    except ValueError as err:  # e.g. an integer beyond Python's digit limit for str -> int
+        raise _document_error(source, f"JSON error: {err}") from None
 
 
 _PARSERS = {".yaml": _parse_yaml, ".yml": _parse_yaml, ".toml": _parse_toml, ".json": _parse_json}

@@ -297,9 +297,16 @@ class AttentionSpec(_Model):
                 "digit, at most 64 characters (got {given})",
                 {"given": show_value(value)},
             )
-        if isinstance(value, str) and keyword.iskeyword(value):
+        if not isinstance(value, str):  # before pydantic's lax coercion (bytes, enums) skips the checks here
+            raise PydanticCustomError("spec_name", "must be a string (got {given})", {"given": show_value(value)})
+        if keyword.iskeyword(value):
             raise PydanticCustomError(
                 "spec_name", "must not be a Python keyword (got {given})", {"given": show_value(value)}
+            )
+        if value.startswith("__") and value.endswith("__"):
+            raise PydanticCustomError(
+                "spec_name", "must not be a dunder name, which Python reserves (got {given})",
+                {"given": show_value(value)},
             )
         return value
 
