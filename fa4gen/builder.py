@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fa4gen.compile.cache import atomic_write
 from fa4gen.plan import ARCHS, KernelPlan, NotAvailableError, PlanError, available_targets, plan_kernels
 from fa4gen.render import RenderedPackage, render_package
 from fa4gen.spec import AttentionSpec, SpecError, load_spec, spec_digest, spec_from_dict
@@ -78,7 +79,10 @@ def write_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
         raise SpecError(out_root, [Problem("--out", f"{init} exists and was not written by fa4gen build; "
                                                     "refusing to overwrite it: choose another output folder")])
     target = out_root / pkg.name
-    if target.is_dir() and any(target.iterdir()) and not (target / "spec.lock.json").exists():
+    # (a folder holding only this package's files or write temporaries is one being written by another
+    # process, e.g. a rank of the same job: its spec.lock.json, written last, may not be there yet)
+    if (target.is_dir() and not (target / "spec.lock.json").exists()
+            and any(p.name not in pkg.files and not _is_temp(p.name) for p in target.iterdir())):
         raise SpecError(target, [Problem("name", f"{target} exists and is not a generated package (no spec.lock.json); "
                                                  "refusing to replace its files: rename the spec or choose another --out")])
     if target.exists() and not target.is_dir():
@@ -88,20 +92,24 @@ def write_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
     target.mkdir(exist_ok=True)
     changed = [rel for rel, text in pkg.files.items() if _write_if_changed(target / rel, text)]
     for path in sorted(target.iterdir()):
-        if path.is_file() and path.name not in pkg.files:
-            path.unlink()
+        if path.is_file() and path.name not in pkg.files and not _is_temp(path.name):
+            path.unlink(missing_ok=True)  # another process may have removed it first
             changed.append(path.name + " (removed)")
     return changed
 
 
+def _is_temp(name: str) -> bool:
+    """A write in progress (see _write_if_changed), possibly another process's."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 def _write_if_changed(path: Path, text: str) -> bool:
-    """Write `text` (bytes compared, so line endings count) atomically; True if the file changed."""
+    """Write `text` (bytes compared, so line endings count) atomically; True if the file changed. The
+    temporary is unique to this write, so processes writing the same package at once never share one."""
     data = text.encode()
     if path.exists() and path.read_bytes() == data:
         return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    atomic_write(path, data)
     return True
 
 

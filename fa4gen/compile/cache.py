@@ -246,14 +246,25 @@ class DiskCache:
         self.root.mkdir(parents=True, exist_ok=True)
         with self._lock(key):
             entry_dir.mkdir(exist_ok=True)
+            # Another process (a rank of the same job) committed these very files already: keep its
+            # entry, which may be loaded elsewhere (replacing files under a reader, on NFS say, is not
+            # safe), and any side file it has that this put does not bring.
+            try:
+                existing = _read_verified_meta(key, entry_dir)
+            except (_CorruptEntry, OSError):
+                existing = None
+            if existing is not None and all(
+                existing["files"].get(name, {}).get("sha256") == record["files"][name]["sha256"] for name in files
+            ):
+                return Entry(key=key, path=entry_dir, meta=existing)
             # Uncommit first: a crash below leaves an entry that get() evicts.
             (entry_dir / META_NAME).unlink(missing_ok=True)
             for stale in entry_dir.iterdir():
                 if stale.name not in files:
                     _remove(stale)
             for name, blob in files.items():
-                _atomic_write(entry_dir / name, blob)
-            _atomic_write(entry_dir / META_NAME, meta_bytes)
+                atomic_write(entry_dir / name, blob)
+            atomic_write(entry_dir / META_NAME, meta_bytes)
         return Entry(key=key, path=entry_dir, meta=record)
 
     # -- housekeeping -------------------------------------------------------------------
@@ -316,13 +327,26 @@ def _read_verified_meta(key: str, entry_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_process_umask()  # what open() would give: mkstemp's 0600 kept other users out
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `path` through a temporary unique to this write (.<name>.<random>.tmp in the same folder),
+    then rename it into place: readers see the old or the new file, never a mix, and processes writing
+    the same path at once never share a temporary. The file gets the mode a plain write would."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

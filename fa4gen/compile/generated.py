@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
@@ -21,21 +22,28 @@ from fa4gen.compile.cache import DiskCache, cache_key, device_helper_sources
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
 
+# one import at a time: a module sits in sys.modules while it executes, so without it a second thread
+# importing the same package would get the unfinished module (re-entrant: a package's __init__ imports
+# its own modules through here)
+_IMPORT_LOCK = threading.RLock()
+
+
 def import_from_path(qualified_name: str, path: Path, *, package: bool = False) -> ModuleType:
     """Import a generated module (or, with `package`, the package whose __init__.py is `path`) from
     its file, for generated code outside sys.path; a module that fails to execute is not kept."""
-    if qualified_name in sys.modules:
-        return sys.modules[qualified_name]
-    locations = [str(Path(path).parent)] if package else None
-    spec = importlib.util.spec_from_file_location(qualified_name, path, submodule_search_locations=locations)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[qualified_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[qualified_name]
-        raise
-    return module
+    with _IMPORT_LOCK:
+        if qualified_name in sys.modules:
+            return sys.modules[qualified_name]
+        locations = [str(Path(path).parent)] if package else None
+        spec = importlib.util.spec_from_file_location(qualified_name, path, submodule_search_locations=locations)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[qualified_name]
+            raise
+        return module
 
 
 def import_kernel_module(path: Path, qualified_name: str) -> ModuleType:
