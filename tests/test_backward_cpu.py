@@ -423,13 +423,23 @@ def test_arch_without_backward_kernel_fails_at_backward_time(build_pkg, monkeypa
 
 
 def test_double_backward_is_refused(build_pkg, monkeypatch):
+    """A create_graph=True gradient is refused when differentiated, whether or not the incoming gradient
+    requires grad (with a loss linear in out it does not, and the gradient used to come back as a
+    constant: a gradient penalty's term silently lost)."""
     pkg = build_pkg(**SPECS["causal"])
     FakeKernels(pkg._forward).install(monkeypatch)
     q, k, v = _inputs(pkg)
+    for loss_of in (lambda o: o.float().sum(), lambda o: o.float().pow(2).sum()):
+        out = pkg.attention(q, k, v)
+        (dq,) = torch.autograd.grad(loss_of(out), q, create_graph=True)
+        assert dq.requires_grad
+        with pytest.raises(RuntimeError, match="fa4gen attention: its backward is not differentiable"):
+            (loss_of(out) + dq.float().pow(2).sum()).backward()
+    # first-order gradients under create_graph are still the plain ones
     out = pkg.attention(q, k, v)
-    (dq,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
-        dq.float().sum().backward()
+    (dq_cg,) = torch.autograd.grad(out.float().sum(), q, create_graph=True)
+    (dq,) = torch.autograd.grad(pkg.attention(q, k, v).float().sum(), q)
+    assert torch.equal(dq_cg.detach(), dq)
 
 
 # --- repeated calls: the signature cache (ForwardOp._replay) -------------------------------------
@@ -601,3 +611,32 @@ def test_backward_refuses_a_dq_accumulator_past_32_bit_offsets():
     with pytest.raises(ValueError, match=r"q: the backward supports up to 8388607 query rows .* head_dim 256"):
         check_dq_accumulator(2**31 // 256, 256)
 
+
+
+def test_varlen_boundaries_changed_in_place_before_the_backward_are_refused(build_pkg, monkeypatch):
+    """cu_seqlens refilled in place (a static buffer reused for the next batch) between forward and
+    backward: autograd's in-place error, not a backward run on the new boundaries (silently wrong
+    gradients: the backward used to receive the new values)."""
+    pkg = build_pkg(name="vl_bwd", dtype="bf16", head_dim=32, varlen=True, mask={"kind": "causal"})
+    op = pkg._forward
+
+    def fwd(q, k, v, out, lse, *args):
+        out.zero_()
+        lse.zero_()
+
+    def bwd(*args):
+        raise AssertionError("the backward launched on changed sequence boundaries")
+
+    monkeypatch.setattr(op, "_check_devices", lambda device, named: None)
+    monkeypatch.setattr(op, "arch_for", lambda device: "sm90")
+    monkeypatch.setattr(op, "_launch", lambda fn, device, args: fn(*args))
+    monkeypatch.setattr(op, "function", lambda plan: bwd if plan["direction"] == "bwd" else fwd)
+    q = torch.randn(10, 4, 32).bfloat16().requires_grad_()
+    k = torch.randn(12, 2, 32).bfloat16().requires_grad_()
+    v = torch.randn(12, 2, 32).bfloat16().requires_grad_()
+    cu_q = torch.tensor([0, 4, 10], dtype=torch.int32)
+    cu_k = torch.tensor([0, 6, 12], dtype=torch.int32)
+    out = pkg.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    cu_q.copy_(torch.tensor([0, 7, 10]))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.float().sum().backward()

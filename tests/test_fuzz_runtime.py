@@ -205,3 +205,13 @@ def test_grad_needs_no_gpu_to_be_refused():
     call.q.requires_grad_()
     with torch.enable_grad():
         assert "q requires grad" in _reject(pkg, call)
+
+
+def test_a_dtype_error_under_autocast_says_autocast_does_not_cast_the_inputs():
+    pkg, plan = _package("llama3_8b")
+    call = good_call(plan)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(TypeError, match=r"^q: expected dtype .* \(autocast does not cast this function's inputs"):
+            pkg._forward.validate(call.q.float(), call.k, call.v)
+    with pytest.raises(TypeError, match=r"got torch.float32$"):  # no hint outside autocast
+        pkg._forward.validate(call.q.float(), call.k, call.v)

@@ -55,6 +55,13 @@ def _fail(message: str, kind=ValueError):
     raise kind(message)
 
 
+def _autocast_on(t: torch.Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(t.device.type)
+    except TypeError:  # torch before 2.4: no device argument
+        return torch.is_autocast_enabled()
+
+
 def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int, packed: bool = False) -> None:
     if not isinstance(t, torch.Tensor):
         _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}", TypeError)
@@ -64,7 +71,10 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, last_dim: int, packed
     if not packed and t.dim() != 4:
         _fail(f"{name}: expected 4 dims (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
     if t.dtype != dtype:
-        _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}", TypeError)
+        hint = ""
+        if t.is_floating_point() and _autocast_on(t):
+            hint = f" (autocast does not cast this function's inputs: cast {name} with .to({dtype}))"
+        _fail(f"{name}: expected dtype {dtype} (the spec's dtype), got {t.dtype}{hint}", TypeError)
     if t.shape[-1] != last_dim:
         _fail(f"{name}: expected head_dim {last_dim} (from the spec), got {t.shape[-1]}")
     if t.stride(-1) != 1:
@@ -693,18 +703,37 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, op: ForwardOp, q, k, v, scale: float, window, chunk_size, packed: Packed | None):
         out, lse, launched = op._forward(q, k, v, scale, window, chunk_size, None, packed)
-        ctx.save_for_backward(*launched, out, lse)
+        # the varlen tensors too: saved, an in-place change before the backward (a refilled static
+        # buffer) raises autograd's error instead of running the backward on other sequence boundaries
+        ctx.save_for_backward(*launched, out, lse, *(t for _, t in (packed.tensors() if packed is not None else ())))
         ctx.op, ctx.scale, ctx.window, ctx.chunk_size, ctx.packed = op, scale, window, chunk_size, packed
         ctx.set_materialize_grads(False)  # an unused out or LSE gives None, not a zero tensor
         return out, lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dout, dlse):
         if dout is None and dlse is None:
             return (None,) * 8
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.op.backward(q, k, v, out, dout, lse, dlse, softmax_scale=ctx.scale, window=ctx.window,
-                                     chunk_size=ctx.chunk_size, packed=ctx.packed)
+        with torch.no_grad():
+            q, k, v, out, lse = ctx.saved_tensors[:5]  # (the rest: the varlen tensors, version-checked here)
+            dq, dk, dv = ctx.op.backward(q, k, v, out, dout, lse, dlse, softmax_scale=ctx.scale, window=ctx.window,
+                                         chunk_size=ctx.chunk_size, packed=ctx.packed)
         need = ctx.needs_input_grad
-        return None, dq if need[1] else None, dk if need[2] else None, dv if need[3] else None, None, None, None, None
+        grads = (dq if need[1] else None, dk if need[2] else None, dv if need[3] else None)
+        if torch.is_grad_enabled():  # create_graph=True: the kernels' gradients are not differentiable
+            grads = _not_differentiable(grads)
+        return (None, *grads, None, None, None, None)
+
+
+def _not_differentiable(grads: tuple) -> tuple:
+    """The gradients, as tensors whose own backward raises. torch's once_differentiable does that only
+    when the incoming gradients require grad, so with a loss linear in out (out.sum(), a frozen head) a
+    create_graph=True gradient came back as a constant and a gradient penalty's term was silently lost."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return grads
+    err = torch._C._functions.DelayedError(
+        b"fa4gen attention: its backward is not differentiable (double backward, create_graph=True "
+        b"gradient penalties); compute first-order gradients only", len(present))
+    wrapped = iter(err(*[g.detach().requires_grad_() for g in present]))
+    return tuple(next(wrapped) if g is not None else None for g in grads)
