@@ -248,3 +248,49 @@ def test_cache_ls_and_clear(tmp_path: Path):
     assert not (root / key).exists()
     assert DiskCache(root).ls() == []
     assert "(0 entries)" in fa4gen_cli("cache", "ls", cwd=tmp_path, env=env).stdout
+
+
+def test_cache_clear_leaves_folders_that_are_not_entries_and_ls_survives_damaged_meta(tmp_path: Path):
+    """A mistyped FA4GEN_CACHE_DIR pointing at a project: `cache clear` removes only folders put() made
+    (it deleted src/ and docs/ before); a meta.json whose `created` is not a time does not crash `ls`."""
+    root = tmp_path / "proj"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "model.py").write_text("x = 1\n")
+    (root / "docs").mkdir()
+    (root / "docs" / "README.md").write_text("# mine\n")
+    env = {"FA4GEN_CACHE_DIR": str(root)}
+    DiskCache(root).put("cd" * 32, b"obj", {"name": "k"})
+    meta = json.loads((root / ("cd" * 32) / "meta.json").read_text())
+    for created in ("yesterday", None, 1e20):
+        meta["created"] = created
+        (root / ("cd" * 32) / "meta.json").write_text(json.dumps(meta))
+        listed = fa4gen_cli("cache", "ls", cwd=tmp_path, env=env)
+        assert listed.returncode == 0 and "(1 entries)" in listed.stdout, listed.stderr
+        _no_traceback(listed)
+    cleared = fa4gen_cli("cache", "clear", cwd=tmp_path, env=env)
+    assert cleared.stdout.strip() == f"removed 1 entries from {root}"
+    assert (root / "src" / "model.py").exists() and (root / "docs" / "README.md").exists()
+
+
+def test_build_problems_that_used_to_lose_data_or_crash(work: Path):
+    """A spec that fails to load keeps its generated package (it was removed as an orphan); two specs of
+    one name are refused (the second silently overwrote the first); an --out that is a file is named, not
+    a traceback; a stale check names the real --out."""
+    out = work / "gen"
+    assert fa4gen_cli("build", "--out", str(out), cwd=work).returncode == 0
+    (work / "specs" / "mistral_7b.yaml").write_text("name: mistral_7b\nname: again\n")
+    broken = fa4gen_cli("build", "--out", str(out), cwd=work)
+    assert broken.returncode == 2 and "mistral_7b.yaml" in broken.stderr
+    assert (out / "mistral_7b" / "spec.lock.json").exists()
+    _no_traceback(broken)
+    (work / "twin.yaml").write_text(GOOD_EXTRA)
+    (work / "twin2.yaml").write_text(GOOD_EXTRA)
+    twins = fa4gen_cli("build", "twin.yaml", "twin2.yaml", "--out", str(work / "t"), cwd=work)
+    assert twins.returncode == 2 and "twin2.yaml: name: 'extra_ok' is also the name of twin.yaml" in twins.stderr
+    (work / "afile").write_text("")
+    to_file = fa4gen_cli("build", "twin.yaml", "--out", "afile", cwd=work)
+    assert to_file.returncode == 2 and "--out: cannot write" in to_file.stderr
+    _no_traceback(to_file)
+    (out / "llama3_8b" / "__init__.py").write_text((out / "llama3_8b" / "__init__.py").read_text() + "# edited\n")
+    check = fa4gen_cli("build", "specs/llama3_8b.yaml", "--check", "--out", str(out), cwd=work)
+    assert check.returncode == 1 and f"{out}/ is stale: run `fa4gen build --out {out}`" in check.stderr

@@ -99,6 +99,9 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
             except SpecError as err:  # a folder fa4gen did not generate: named, nothing written
                 problems.extend(err.lines())
                 continue
+            except OSError as err:  # --out is a file, read-only, ...
+                problems.append(f"{path}: --out: cannot write {out / spec.name}: {err.strerror or err}")
+                continue
             status = f"wrote {len(changed)} file(s)" if changed else "unchanged"
         budgets = {(p.arch, p.module): p.budgets[0].used for p in plans}  # a forward and a backward per arch
         reports = [KernelReport(p.arch, p.module, status) for p in plans]
@@ -115,7 +118,9 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
                 click.echo(f"{spec.name} [{r.arch}]: compile failed: {r.detail}", err=True)
         for arch, why in unavailable.items():
             rows.append((spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-"))
-    if not specs:  # the whole of specs/: generated packages no spec produces any more are stale
+    # the whole of specs/: generated packages no spec produces any more are stale — unless a spec failed
+    # to load (its package is no orphan, only unreadable now: nothing is removed for it)
+    if not specs and not problems:
         for orphan in orphan_packages(out, {spec.name for _, spec in loaded}):
             if check:
                 stale.append(f"{orphan} is not produced by any spec in specs/ any more\n")
@@ -128,7 +133,8 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
         exit_with_problems(problems)
     if stale:
         click.echo("".join(stale), err=True, nl=False)
-        click.echo("generated/ is stale: run `fa4gen build` and commit the result", err=True)
+        click.echo(f"{out}/ is stale: run `fa4gen build{'' if out == Path('generated') else f' --out {out}'}` "
+                   "and commit the result", err=True)
         raise SystemExit(1)
     if failed:
         raise SystemExit(1)
@@ -148,7 +154,8 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
         plans, _ = plan_spec(spec, archs=list(archs) or None)
         pkg, _, _ = render_spec(spec, spec_label(path))
         if diff_package(pkg, out):
-            exit_with_problems([f"{path}: generated/{spec.name} is stale or missing; run `fa4gen build` first"])
+            exit_with_problems([f"{path}: {out / spec.name} is stale or missing; run `fa4gen build"
+                                f"{'' if out == Path('generated') else f' --out {out}'}` first"])
         for r in compile_package(out / spec.name, f"{out.name}.{spec.name}", plans, keep_sass=True):
             click.echo(f"{spec.name} [{r.arch}] {r.module} ({head_dims(spec)}, {spec.mask.kind}): {r.status}")
             if r.status == "failed":
@@ -180,7 +187,10 @@ def cache_ls() -> None:
     rows = [("key", "name", "arch", "regs", "created")]
     for e in entries:
         created = e.meta.get("created")
-        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(created)) if isinstance(created, (int, float)) else str(created)
+        try:
+            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(created))
+        except (TypeError, ValueError, OverflowError, OSError):  # a damaged or foreign meta.json
+            created = str(created)
         rows.append((e.key[:16], str(e.meta.get("name")), str(e.meta.get("arch")), str(e.meta.get("registers")), created))
     if entries:
         click.echo(_table(rows))

@@ -79,9 +79,15 @@ def _load_all(paths: Sequence[str]) -> tuple[list[tuple[Path, AttentionSpec]], l
             continue
         for path in files:
             try:
-                loaded.append((path, load_spec(path)))
+                spec = load_spec(path)
             except SpecError as err:
                 problems.extend(err.lines())
+                continue
+            first = next((p for p, s in loaded if s.name == spec.name), None)
+            if first is not None:  # both would write generated/<name>: the later one would silently win
+                problems.append(f"{path}: name: {spec.name!r} is also the name of {first}; each spec needs its own")
+                continue
+            loaded.append((path, spec))
     return loaded, problems
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -278,7 +279,7 @@ class DiskCache:
                 continue
             if isinstance(meta, dict):
                 entries.append(Entry(key=entry_dir.name, path=entry_dir, meta=meta))
-        return sorted(entries, key=lambda e: (float(e.meta.get("created", 0.0)), e.key))
+        return sorted(entries, key=lambda e: (_created(e.meta), e.key))
 
     def clear(self) -> int:
         """Remove every entry (and its lock file); returns the number of entries removed.
@@ -287,6 +288,8 @@ class DiskCache:
         """
         removed = 0
         for entry_dir in self._entry_dirs():
+            if not _looks_like_entry(entry_dir):
+                continue  # a folder of something else under the cache root (a mistyped FA4GEN_CACHE_DIR)
             with self._lock(entry_dir.name):
                 shutil.rmtree(entry_dir, ignore_errors=True)
             removed += 1
@@ -299,6 +302,19 @@ class DiskCache:
         if not self.root.is_dir():
             return []
         return sorted(p for p in self.root.iterdir() if p.is_dir() and _KEY_RE.match(p.name))
+
+
+def _created(meta: Mapping[str, Any]) -> float:
+    """An entry's creation time for ordering; a damaged or foreign value sorts first."""
+    value = meta.get("created", 0.0)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else 0.0
+
+
+def _looks_like_entry(entry_dir: Path) -> bool:
+    """A folder put() made: it holds a meta.json or an artifact (an uncommitted entry), or nothing but
+    write temporaries. Anything else is not the cache's to delete."""
+    names = [p.name for p in entry_dir.iterdir()]
+    return META_NAME in names or ARTIFACT_NAME in names or all(n.startswith(".") and n.endswith(".tmp") for n in names)
 
 
 def _read_verified_meta(key: str, entry_dir: Path) -> dict[str, Any]:
