@@ -61,11 +61,12 @@ def render_spec(spec: AttentionSpec, label: str) -> tuple[RenderedPackage, list[
     return render_package(spec, plans, spec_label=label, unavailable=unavailable), plans, unavailable
 
 
-def spec_label(path: Path) -> str:
-    """How generated files name their spec: relative to the working directory when inside it,
-    else the file name alone, so output does not depend on where the checkout lives."""
+def spec_label(path: Path, root: Path | None = None) -> str:
+    """How generated files name their spec: relative to `root` — the output folder's parent, the project
+    (the working directory when None) — when inside it, else the file name alone, so output depends
+    neither on where the checkout lives nor on the directory the build runs from."""
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return path.resolve().relative_to((root or Path.cwd()).resolve()).as_posix()
     except ValueError:
         return path.name
 
@@ -145,6 +146,8 @@ def orphan_packages(out_root: Path, names: set[str]) -> list[Path]:
 def diff_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
     """Unified-diff lines between generated/<name>/ on disk and a fresh rendering ([] = up to date)."""
     target = out_root / pkg.name
+    if not target.is_dir():  # not built yet: one line, not every file as a diff
+        return [f"{target} is missing (not built yet)\n"]
     lines: list[str] = []
     for rel, text in sorted(pkg.files.items()):
         path = target / rel

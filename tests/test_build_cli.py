@@ -294,3 +294,17 @@ def test_build_problems_that_used_to_lose_data_or_crash(work: Path):
     (out / "llama3_8b" / "__init__.py").write_text((out / "llama3_8b" / "__init__.py").read_text() + "# edited\n")
     check = fa4gen_cli("build", "specs/llama3_8b.yaml", "--check", "--out", str(out), cwd=work)
     assert check.returncode == 1 and f"{out}/ is stale: run `fa4gen build --out {out}`" in check.stderr
+
+
+def test_build_output_does_not_depend_on_the_working_directory_and_names_misses(work: Path):
+    """The header's spec path is relative to --out's parent, so a check from specs/ agrees with one from
+    the project; --arch a named spec does not target is an error, not silently ignored; --check on an
+    empty --out says the package is missing in one line instead of printing every file as a diff."""
+    assert fa4gen_cli("build", "specs/llama3_8b.yaml", "--out", "generated", cwd=work).returncode == 0
+    check = fa4gen_cli("build", "llama3_8b.yaml", "--check", "--out", "../generated", cwd=work / "specs")
+    assert check.returncode == 0, check.stderr
+    arch = fa4gen_cli("build", "specs/llama3_8b.yaml", "--arch", "sm100", "--out", "x", cwd=work)
+    assert arch.returncode == 2 and "--arch: sm100 not among the spec's targets (sm90)" in arch.stderr
+    missing = fa4gen_cli("build", "specs/llama3_8b.yaml", "--check", "--out", "empty", cwd=work)
+    assert missing.returncode == 1 and "empty/llama3_8b is missing (not built yet)" in missing.stderr
+    assert "@@" not in missing.stderr

@@ -82,10 +82,15 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
     for path, spec in loaded:
         try:
             if archs:
+                if not set(archs) & set(spec.targets):
+                    if specs:  # named on the command line: say so (over the whole of specs/ it is skipped)
+                        problems.append(f"{path}: --arch: {', '.join(archs)} not among the spec's targets "
+                                        f"({', '.join(spec.targets)})")
+                    continue
                 for a in archs:
                     if a in spec.targets:
                         plan_kernels(spec, a)  # raises NotAvailableError for a family not built yet
-            pkg, plans, unavailable = render_spec(spec, spec_label(path))
+            pkg, plans, unavailable = render_spec(spec, spec_label(path, out.resolve().parent))
         except (PlanError, SpecError) as err:
             problems.extend(err.lines())
             continue
@@ -152,7 +157,7 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
         exit_with_problems(problems)
     for path, spec in loaded:
         plans, _ = plan_spec(spec, archs=list(archs) or None)
-        pkg, _, _ = render_spec(spec, spec_label(path))
+        pkg, _, _ = render_spec(spec, spec_label(path, out.resolve().parent))
         if diff_package(pkg, out):
             exit_with_problems([f"{path}: {out / spec.name} is stale or missing; run `fa4gen build"
                                 f"{'' if out == Path('generated') else f' --out {out}'}` first"])
