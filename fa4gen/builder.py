@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fa4gen.compile.cache import atomic_write
+from fa4gen.fileio import atomic_write
 from fa4gen.plan import ARCHS, KernelPlan, NotAvailableError, PlanError, available_targets, plan_kernels
 from fa4gen.render import RenderedPackage, render_package
 from fa4gen.spec import AttentionSpec, SpecError, load_spec, spec_digest, spec_from_dict

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from fa4gen.builder import render_spec, write_package
-from fa4gen.compile.cache import DiskCache, atomic_write, cache_key
+from fa4gen.compile.cache import DiskCache, cache_key
+from fa4gen.fileio import atomic_write
 from fa4gen.compile.generated import import_from_path
 from fa4gen.spec import spec_from_dict
 

@@ -22,7 +22,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from filelock import FileLock, Timeout
+
+from fa4gen.fileio import atomic_write
 
 #: Bump when the entry layout or the key recipe changes: every old entry becomes a miss.
 CACHE_FORMAT = 1
@@ -341,32 +342,6 @@ def _read_verified_meta(key: str, entry_dir: Path) -> dict[str, Any]:
         if len(blob) != info.get("size") or _sha256(blob) != info.get("sha256"):
             raise _CorruptEntry(f"{name} does not match its sha256 in meta.json")
     return meta
-
-
-def _process_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_FILE_MODE = 0o666 & ~_process_umask()  # what open() would give: mkstemp's 0600 kept other users out
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `path` through a temporary unique to this write (.<name>.<random>.tmp in the same folder),
-    then rename it into place: readers see the old or the new file, never a mix, and processes writing
-    the same path at once never share a temporary. The file gets the mode a plain write would."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _remove(path: Path) -> None:
