@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fa4gen.fileio import atomic_write
+from fa4gen.fileio import atomic_write, is_temporary
 from fa4gen.plan import ARCHS, KernelPlan, NotAvailableError, PlanError, available_targets, plan_kernels
 from fa4gen.render import RenderedPackage, render_package
 from fa4gen.spec import AttentionSpec, SpecError, load_spec, spec_digest, spec_from_dict
@@ -91,7 +91,7 @@ def write_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
     target.mkdir(exist_ok=True)
     changed = [rel for rel, text in pkg.files.items() if _write_if_changed(target / rel, text)]
     for path in sorted(target.iterdir()):
-        if path.is_file() and path.name not in pkg.files and not _is_temp(path.name):
+        if path.is_file() and path.name not in pkg.files and not is_temporary(path.name):
             path.unlink(missing_ok=True)  # another process may have removed it first
             changed.append(path.name + " (removed)")
     return changed
@@ -104,7 +104,7 @@ def _ours(folder: Path, pkg: RenderedPackage) -> bool:
     spec.lock.json comes last)."""
     if (folder / "spec.lock.json").exists():
         return True
-    present = [p for p in folder.iterdir() if not _is_temp(p.name)]
+    present = [p for p in folder.iterdir() if not is_temporary(p.name)]
     if all(p.name in pkg.files for p in present):
         return True
     marker = GENERATED_MARK.encode()
@@ -114,11 +114,6 @@ def _ours(folder: Path, pkg: RenderedPackage) -> bool:
                 if f.read(len(marker)) == marker:
                     return True
     return False
-
-
-def _is_temp(name: str) -> bool:
-    """A write in progress (see _write_if_changed), possibly another process's."""
-    return name.startswith(".") and name.endswith(".tmp")
 
 
 def _write_if_changed(path: Path, text: str) -> bool:

@@ -35,4 +35,10 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-__all__ = ["atomic_write"]
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of atomic_write's temporaries (a write in progress, maybe another
+    process's)."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+__all__ = ["atomic_write", "is_temporary"]

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from filelock import FileLock, Timeout
 
-from fa4gen.fileio import atomic_write
+from fa4gen.fileio import atomic_write, is_temporary
 
 #: Bump when the entry layout or the key recipe changes: every old entry becomes a miss.
 CACHE_FORMAT = 1
@@ -315,7 +315,7 @@ def _looks_like_entry(entry_dir: Path) -> bool:
     """A folder put() made: it holds a meta.json or an artifact (an uncommitted entry), or nothing but
     write temporaries. Anything else is not the cache's to delete."""
     names = [p.name for p in entry_dir.iterdir()]
-    return META_NAME in names or ARTIFACT_NAME in names or all(n.startswith(".") and n.endswith(".tmp") for n in names)
+    return META_NAME in names or ARTIFACT_NAME in names or all(is_temporary(n) for n in names)
 
 
 def _read_verified_meta(key: str, entry_dir: Path) -> dict[str, Any]:
