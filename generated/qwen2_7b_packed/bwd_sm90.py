@@ -43,7 +43,7 @@ REGS_CONSUMER = 240
 # The two consumer warpgroups split dK/dV by key rows (64 each) when TILE_N is 128, by head-dim
 # columns when it is 64.
 DKV_SPLIT = 1
-TILE_IDS = 8  # Int32 entries of the tile record (head_kv, batch, n_block, key_tile, offset_k, seqlen_k, m_min, m_max)
+TILE_IDS = 10  # Int32 entries of the tile record (head_kv, batch, n_block, key_tile, offset_k, seqlen_k, m_min, m_max, m_lo, m_hi)
 DKV_ATOMS = (1, 2, 1) if DKV_SPLIT == 2 else (2, 1, 1)
 # S, dP and dQ: split by query rows (64 each) when TILE_M is 128, else by columns.
 ROW_SPLIT = TILE_M == 128
@@ -258,7 +258,8 @@ class FlashBwdSm90:
             # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
-        # (varlen: the query-block range comes before the tile record, which carries it to the consumers)
+        # (varlen: the query-block range and its masked / mask-free runs come before the tile record,
+        # which carries them to the consumers)
         m_min, m_max = mask.m_block_range(
             n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
         )
@@ -266,6 +267,9 @@ class FlashBwdSm90:
             m_max = m_min  # past this sequence's keys: no query block to visit, every store falls outside it
         m_min = cute.arch.make_warp_uniform(m_min)
         m_max = cute.arch.make_warp_uniform(m_max)
+        m_lo, m_hi = mask.m_mask_phases(
+            n_block, m_min, m_max, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
+        )
         storage = SmemAllocator().allocate(self.shared_storage)
         # The tile record: values the roles need after the split wait in shared memory, not registers.
         # Held in registers across the consumers' main loop (at their register limit) or into the
@@ -283,6 +287,8 @@ class FlashBwdSm90:
             s_ids[5] = seqlen_k
             s_ids[6] = m_min
             s_ids[7] = m_max
+            s_ids[8] = m_lo
+            s_ids[9] = m_hi
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
         pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
@@ -435,12 +441,9 @@ class FlashBwdSm90:
                 pipe_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, DO_STAGES)
-            m_lo, m_hi = mask.m_mask_phases(
-                n_block, m_min, m_max, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-            )
-            # block-uniform: let them live in uniform registers, not in the consumers' full register file
-            m_lo = cute.arch.make_warp_uniform(m_lo)
-            m_hi = cute.arch.make_warp_uniform(m_hi)
+            # the runs' bounds from the tile record, each read where its run starts (held from here,
+            # the sequence's lengths they come from cost the consumers registers they do not have)
+            m_lo = cute.arch.make_warp_uniform(s_ids[8])
             for m_block in cutlass.range(m_min, m_lo, unroll=1):
                 pds = (m_block - m_min) % PDS_STAGES
                 # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
@@ -526,6 +529,7 @@ class FlashBwdSm90:
                 pipe_do.consumer_release(do_state)
                 q_state.advance()
                 do_state.advance()
+            m_hi = cute.arch.make_warp_uniform(s_ids[9])
             for m_block in cutlass.range(m_lo, m_hi, unroll=1):
                 pds = (m_block - m_min) % PDS_STAGES
                 # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
