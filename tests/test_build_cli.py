@@ -107,6 +107,24 @@ def test_plan_arch_not_in_targets(work: Path):
     _no_traceback(result)
 
 
+def test_plan_arch_over_a_directory_picks_the_specs_that_target_it(work: Path):
+    # it stopped at the first spec without the target (session 12 review)
+    result = fa4gen_cli("plan", "specs", "--arch", "sm100", cwd=work)
+    assert result.returncode == 0, result.stderr
+    sm100 = [p for p in sorted((work / "specs").iterdir()) if "sm100" in load_spec(p).targets]
+    assert sm100 and len(sm100) < len(list((work / "specs").iterdir()))
+    for path in sm100:
+        for plan in plan_kernels(load_spec(path), "sm100"):
+            assert plan.describe() in result.stdout
+    assert "sm90 fwd" not in result.stdout
+    only_sm90 = work / "only_sm90"
+    only_sm90.mkdir()
+    (only_sm90 / "a.yaml").write_text((work / "specs" / "llama3_8b.yaml").read_text())
+    result = fa4gen_cli("plan", "only_sm90", "--arch", "sm100", cwd=work)
+    assert result.returncode == 2 and "no spec in only_sm90 targets it" in result.stderr
+    _no_traceback(result)
+
+
 def test_plan_over_budget(work: Path):
     (work / "big.yaml").write_text(OVER_BUDGET)
     result = fa4gen_cli("plan", "big.yaml", cwd=work)

@@ -325,3 +325,18 @@ def test_digest_is_stable_and_tracks_changes():
     assert spec_digest(explicit) == digest
     changed = spec_from_dict({**spec.model_dump(mode="json"), "softcap": 30.0})
     assert spec_digest(changed) != digest
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml", ".json"])
+def test_byte_order_mark_is_not_content(tmp_path: Path, suffix: str):
+    # Windows editors write a UTF-8 BOM; json and tomllib refused it with a syntax error at line 1 column 1
+    data = {"name": "t", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "mask": {"kind": "causal"}}
+    text = {
+        ".yaml": YAML_TEXT,
+        ".toml": 'name = "t"\ntargets = ["sm90"]\ndtype = "bf16"\nhead_dim = 64\nmask = {kind = "causal"}\n',
+        ".json": json.dumps(data),
+    }[suffix]
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    spec = load_spec(path)
+    assert (spec.name, spec.head_dim, spec.mask.kind) == ("t", 64, "causal")

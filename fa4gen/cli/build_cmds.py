@@ -52,8 +52,13 @@ def plan(spec: str, arch: str | None, as_json: bool) -> None:
     if problems:
         exit_with_problems(problems)
     plans = []
+    from_dir = Path(spec).is_dir()
+    if arch and from_dir and not any(arch in s.targets for _, s in loaded):
+        raise click.UsageError(f"--arch {arch}: no spec in {spec} targets it")
     for _, s in loaded:
         if arch:
+            if from_dir and arch not in s.targets:
+                continue  # over a directory, --arch picks the specs that target it (as build does)
             plans += plan_kernels(s, arch)  # an unavailable family asked for by name is an error (exit 2)
         else:
             ok, unavailable = plan_spec(s)

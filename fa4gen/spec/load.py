@@ -93,7 +93,7 @@ def load_spec(path: str | Path) -> AttentionSpec:
             f"; expected one of {', '.join(SPEC_SUFFIXES)}"
         )
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not content
     except UnicodeDecodeError:
         raise _document_error(path, "file is not valid UTF-8 text") from None
     except OSError as err:
