@@ -6,12 +6,13 @@
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
         --section ComputeWorkloadAnalysis --section LaunchStats python3 tools/bwd_ncu.py 128 8192 n
 
-Arguments: head dim, seqlen, causal y/n [--swap] [--fwd] (batch 16384/seqlen, heads 2048/d as in
-bench_fwd.py). Each implementation runs one backward (compiled on its first call, before its kernels
+Arguments: head dim (D or DxDV, e.g. 192x128), seqlen, causal y/n [--swap] [--det] [--fwd] (batch
+16384/seqlen, heads 2048/D as in bench_fwd.py). Each implementation runs one backward (compiled on its first call, before its kernels
 launch), so `-c 2` profiles fa4gen's main kernel, then flash-attn-4's (`--swap -c 3`: fa4gen's, its Sᵀ
 variant's, flash-attn-4's). For the per-instruction view add `--section SourceCounters --page source
 --csv --print-source sass > ncu.csv` and read it with `python3 tools/ncu_compare.py ncu.csv`.
-`--fwd` runs one forward of each instead (profile with -k regex:'FlashFwdSm90|FlashAttentionForwardSm90').
+`--det` adds fa4gen's deterministic backward after the default one (`-c 3`: fa4gen's, its deterministic
+one's, flash-attn-4's; with --swap too, `-c 4`). `--fwd` runs one forward of each instead (profile with -k regex:'FlashFwdSm90|FlashAttentionForwardSm90').
 """
 
 import sys
@@ -23,22 +24,28 @@ from bench_fwd import _bwd_spec, _fa4, _first, _fwd_spec
 
 
 def main():
-    d, s, causal = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "y"
+    d, _, dv = sys.argv[1].partition("x")
+    d, s, causal = int(d), int(sys.argv[2]), sys.argv[3] == "y"
+    dv = int(dv) if dv else d
     fwd = "--fwd" in sys.argv[4:]  # forwards only: fa4gen's forward kernel, then flash-attn-4's
     swap = "--swap" in sys.argv[4:]  # also fa4gen's Sᵀ backward (pipeline.bwd_swap_ab), profiled second
+    det = "--det" in sys.argv[4:]  # also fa4gen's deterministic backward, profiled after the default one
     b, h = 16384 // s, 2048 // d
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd) for _ in range(3))
+    q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd) for _ in range(2))
+    v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
     if fwd:
-        pkg = fa4gen.build(_fwd_spec(d, causal))
+        pkg = fa4gen.build(_fwd_spec(d, causal, dv))
         pkg.attention(q, k, v)
         fa4 = _fa4()
         if fa4 is not None:
             fa4(q, k, v, causal=causal)
         torch.cuda.synchronize()
         return
-    runs = [fa4gen.build(_bwd_spec(d, causal, False)).attention]
+    runs = [fa4gen.build(_bwd_spec(d, causal, False, dv=dv)).attention]
     if swap:
-        runs.append(fa4gen.build(_bwd_spec(d, causal, False, swap_ab=True)).attention)
+        runs.append(fa4gen.build(_bwd_spec(d, causal, False, swap_ab=True, dv=dv)).attention)
+    if det:
+        runs.append(fa4gen.build(_bwd_spec(d, causal, True, dv=dv)).attention)
     fa4 = _fa4()
     if fa4 is not None:
         runs.append(lambda q, k, v: _first(fa4(q, k, v, causal=causal)))
