@@ -106,3 +106,36 @@ def test_resolve_checks_values_and_takes_the_longest_sequence():
         p = Packed.check("x", True, _i32(cu_q), _i32(cu_k), None, None if used is None else _i32(used))
         with pytest.raises(ValueError, match="^" + re.escape(message)):
             p.resolve(10, 12)
+
+
+def test_backward_takes_unchecked_sequences_as_monotone_copies():
+    """With max_seqlen_q the forward takes the sequence tensors unchecked (no device sync, as
+    flash_attn_varlen_func); its kernels clamp each sequence into the packed tensors, which overlapping
+    or negative entries survive — but the backward numbers every sequence's query tiles back to back into
+    buffers of ceil(total / tile_m) + batch tiles, and [0, T, 0, T] once numbered tile 31 of 19 (a review's
+    finding, traced with the kernels' own index emulator). The backward launches copies made monotone."""
+    from fa4gen.emulate.tiling import tiles_before
+
+    total, tile_m = 1024, 64
+    bad = [[0, 1024, 0, 1024], [0, 1024, -7, 1024], [5, 3, 2000, -1], [0, 300, 200, 100], [0, 100, 200, 300]]
+    for values in bad:
+        p = Packed.check("x", True, _i32(values), _i32(values), 1024, None)
+        p.resolve(total, total)  # the caller vouched: nothing read back
+        assert not p.checked
+        cu_q, cu_k, used = p.backward_tensors(total, total)
+        cu = cu_q.tolist()
+        assert cu[0] == 0 and all(a <= b <= total for a, b in zip(cu, cu[1:])), (values, cu)
+        batch = len(values) - 1
+        assert tiles_before(cu, batch, total, tile_m) <= -(-total // tile_m) + batch, (values, cu)
+        assert cu_k.tolist() == cu and used is cu_k  # no seqused_k: cu_seqlens_k stands in, unread
+        assert p.cu_q.tolist() == values  # the caller's tensor is untouched (autograd version-checks it)
+    # the unsanitised values overrun the buffers (what the kernels would have numbered)
+    assert tiles_before([0, 1024, 0, 1024], 3, total, tile_m) > -(-total // tile_m) + 3
+    # valid values pass unchanged, and checked ones are launched as they are
+    ok = [0, 100, 100, 1024]
+    p = Packed.check("x", True, _i32(ok), _i32(ok), 1024, _i32([3, 0, 9]))
+    cu_q, _, used = p.backward_tensors(total, total)
+    assert cu_q.tolist() == ok and used.tolist() == [3, 0, 9]
+    p = Packed.check("x", True, _i32(ok), _i32(ok), None, None)
+    p.resolve(total, total)
+    assert p.checked and p.backward_tensors(total, total)[0] is p.cu_q

@@ -141,15 +141,29 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     return t if aligned else torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
+def self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of `t` may share memory: with its dims (of extent > 1) ordered by stride, each
+    stride must step past everything the smaller ones span (gaps are fine). Conservative: a layout that
+    interleaves without overlapping is refused too."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    span = 1  # elements covered by the dims so far, in units of the element
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * (n - 1) + span
+    return False
+
+
 class Packed:
     """The sequence arguments of a varlen call, checked: cu_seqlens_q/k (int32, batch + 1),
     seqused_k (int32, batch, or None), max_seqlen_q/k (int, or None until resolved)."""
 
-    __slots__ = ("cu_q", "cu_k", "seqused_k", "max_seqlen_q", "max_seqlen_k")
+    __slots__ = ("cu_q", "cu_k", "seqused_k", "max_seqlen_q", "max_seqlen_k", "checked")
 
     def __init__(self, cu_q, cu_k, seqused_k, max_seqlen_q, max_seqlen_k=None):
         self.cu_q, self.cu_k, self.seqused_k = cu_q, cu_k, seqused_k
         self.max_seqlen_q, self.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        self.checked = False  # the values were read back and checked (resolve without max_seqlen_q)
 
     @property
     def batch(self) -> int:
@@ -200,9 +214,10 @@ class Packed:
     def resolve(self, total_q: int, total_k: int) -> None:
         """Without max_seqlen_q, read the sequence tensors back once (one device sync), check their
         values and record the longest sequences. With it, the caller vouches for them, as with
-        flash_attn_varlen_func (the kernels clamp every offset into the packed tensors, so bad values
-        give wrong rows, never a stray memory access). The kernels need neither maximum: their grids
-        number the tiles of all sequences back to back."""
+        flash_attn_varlen_func (the forward kernels clamp every offset into the packed tensors, so bad
+        values give wrong rows, never a stray memory access; the backward launches sanitised copies, see
+        `backward_tensors`). The kernels need neither maximum: their grids number the tiles of all
+        sequences back to back."""
         if self.max_seqlen_q is not None:
             return
         parts = [self.cu_q, self.cu_k] + ([self.seqused_k] if self.seqused_k is not None else [])
@@ -214,6 +229,27 @@ class Packed:
             check_seqused_values(values[2 * n:], cu_k)
         self.max_seqlen_q = max(b - a for a, b in zip(cu_q, cu_q[1:]))
         self.max_seqlen_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
+        self.checked = True
+
+    def backward_tensors(self, total_q: int, total_k: int) -> tuple:
+        """(cu_seqlens_q, cu_seqlens_k, seqused_k or its stand-in) as the backward launches them. The
+        backward numbers the query tiles of all sequences back to back into buffers of ceil(total_q /
+        tile_m) + batch tiles (LSE, D, the dQ accumulator, the deterministic semaphores): overlapping or
+        negative sequences, which the forward's clamped views survive, would index past them. Values
+        never checked (max_seqlen_q given) go in as copies made monotone on the device — each entry
+        clamped into [0, total], the first 0, then the running maximum — so the tiles fit whatever the
+        caller passed, without the device sync a check would cost; valid values pass unchanged."""
+        if self.checked:
+            return self.cu_q, self.cu_k, self.seqused_or_dummy()
+        cu_q, cu_k = _monotone(self.cu_q, total_q), _monotone(self.cu_k, total_k)
+        return cu_q, cu_k, self.seqused_k if self.seqused_k is not None else cu_k
+
+
+def _monotone(cu: torch.Tensor, total: int) -> torch.Tensor:
+    """cu_seqlens made safe for the kernels' tile numbering: from 0, non-decreasing, within [0, total]."""
+    c = cu.clamp(0, total)
+    c[0] = 0
+    return torch.cummax(c, 0).values
 
 
 class ForwardOp:
@@ -506,10 +542,13 @@ class ForwardOp:
         if dlse is None:
             dlse = torch.zeros(lse_shape, dtype=torch.float32, device=q.device)
         contiguous = dict(memory_format=torch.contiguous_format)
-        # keys past seqused_k get a zero gradient: with MHA the kernel stores only the used rows
+        # keys past seqused_k get a zero gradient: with MHA the kernel stores only the used rows; with
+        # unchecked sequence values (max_seqlen_q given) any row may lie outside every sequence (e.g. the
+        # padding of static shapes), and its gradient is zero, not whatever the allocator held
+        unchecked = packed is not None and not packed.checked
         unused_keys = packed is not None and packed.seqused_k is not None and not plan["dkv_accum"]
-        new = torch.zeros_like if unused_keys else torch.empty_like
-        dq = torch.empty_like(q, **contiguous)
+        new = torch.zeros_like if unused_keys or unchecked else torch.empty_like
+        dq = (torch.zeros_like if unchecked else torch.empty_like)(q, **contiguous)
         dk, dv = (new(t, **contiguous) for t in (k, v))
         grads = dq, dk, dv  # returned as allocated (the packed launch takes batch-1 views of them)
         if packed is not None:
@@ -536,7 +575,7 @@ class ForwardOp:
             if plan["dkv_accum"]:
                 tensors.append(torch.zeros((b, h_kv, k_tiles), **i32))  # sem_dkv
         if packed is not None:
-            tensors += [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
+            tensors += list(packed.backward_tensors(total_q, s_k))
             args.append(int(packed.seqused_k is not None))
         self._launch(self.function(self.bwd_plans[arch]), q.device, tensors + args)
         return grads
@@ -621,8 +660,9 @@ class ForwardOp:
             _fail(f"out: expected shape {shape} and dtype {dtype}; got {tuple(out.shape)}, {out.dtype}")
         if out.stride(-1) != 1 or out.data_ptr() % 16 or any(st % 8 for st in out.stride()[:-1]):
             _fail(f"out: expected a 16-byte aligned tensor with contiguous last dim, got strides {tuple(out.stride())}")
-        if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
-            # an expanded tensor: every tile would store into the same bytes
+        if self_overlapping(out):
+            # an expanded tensor, or strides that step back into earlier rows: tiles would store into the
+            # same bytes
             _fail(f"out: expected a tensor whose elements do not share memory, got strides {tuple(out.stride())}")
         if out.requires_grad:
             _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)

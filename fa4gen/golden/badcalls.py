@@ -126,6 +126,12 @@ def _one_more_key(call: Call, i: int, plan) -> Call:
     return _swap(call, "v", torch.cat([v, more], dim=dim))
 
 
+def _heads_overlapping(t: torch.Tensor) -> torch.Tensor:
+    """A view of `t` whose heads start 8 elements apart: aligned, last dim contiguous, no stride 0, yet
+    each head's row shares memory with the next one's."""
+    return t.as_strided(t.shape, (*t.stride()[:-2], 8, 1))
+
+
 def _bad_out(call: Call, i: int, plan) -> Call:
     q, dv = call.q, plan["head_dim_v"]
     shape = (*q.shape[:-1], dv)
@@ -139,6 +145,7 @@ def _bad_out(call: Call, i: int, plan) -> Call:
         torch.empty(*shape[:-2], 1, dv, dtype=dtype, device=device).expand(shape),  # heads sharing memory
         q[..., :dv],  # overlapping q (tiles would store O over queries others still load)
         torch.empty(shape, dtype=dtype, device=device, requires_grad=True),  # written behind autograd's back
+        _heads_overlapping(torch.empty(shape, dtype=dtype, device=device)),  # heads 8 elements apart
     ]
     return _swap(call, "out", outs[i % len(outs)])
 
@@ -160,7 +167,7 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
     "kv_batch": ("k", 1, lambda c, i, p: replace(c, k=torch.cat([c.k, c.k]), v=torch.cat([c.v, c.v]))),
     "v_seqlen": ("v", 1, _one_more_key),
     "v_heads": ("v", 1, lambda c, i, p: _swap(c, "v", torch.cat([c.v, c.v], dim=_heads_dim(c)))),
-    "out": ("out", 8, _bad_out),
+    "out": ("out", 9, _bad_out),
     "softmax_scale": ("softmax_scale", len(BAD_SCALES), lambda c, i, p: _swap(c, "softmax_scale", BAD_SCALES[i])),
     "window": ("window", len(BAD_WINDOWS), _window),
     "chunk_size": ("chunk_size", len(BAD_CHUNKS), _chunk),

@@ -39,7 +39,8 @@ def attention(
     max_seqlen_q, max_seqlen_k: the longest sequences, as flash_attn_varlen_func takes them. With
         max_seqlen_q None the sequence tensors are read back once (one device sync) and their values
         checked; passing it skips that (bad values then give wrong rows, never stray memory
-        accesses). The kernels need neither value: their grids number every sequence's tiles.
+        accesses; rows outside every sequence hold no defined output, and get zero gradients). The
+        kernels need neither value: their grids number every sequence's tiles.
 
     Differentiable: when q, k or v require grad, .backward() through out (and the LSE) runs the
     sm90 backward kernels, which reuse this call's softmax_scale. Gradients may
