@@ -319,3 +319,20 @@ def test_fully_masked_rows(kw):
     assert (rows_out[empty] == 0).all()
     torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(lse[~empty], ref_lse[~empty], rtol=1e-10, atol=1e-12)
+
+
+def test_window_sides_stay_inside_int32():
+    """The kernels add window sides to key-space positions (in [-seqlen_q, seqlen_k)) in Int32: sides
+    wider than both sequences are clamped, and lengths whose sum would wrap are refused naming k (a
+    session 13 review: rows would silently see no key)."""
+    from fa4gen.api.runtime import ForwardOp, clamp_window
+    from fa4gen.plan import plan_kernels
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict({"name": "w", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64,
+                           "mask": {"kind": "sliding_window", "left": 100, "right": 20}})
+    plan = plan_kernels(spec, "sm90")[0].to_dict()
+    assert clamp_window(2**31 - 1, 5, 300, 200) == (300, 5)
+    assert ForwardOp._runtime_args(plan, 0.125, None, None, seqlens=(2**30 - 1, 2**30))[-2:] == [100, 20]
+    with pytest.raises(ValueError, match=r"^k: a sliding window needs seqlen_q \+ seqlen_k < 2\*\*31"):
+        ForwardOp._runtime_args(plan, 0.125, None, None, seqlens=(2**30, 2**30))

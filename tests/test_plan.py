@@ -310,8 +310,9 @@ def test_poly_share_is_what_the_kernel_does(head_dim, share):
     assert abs(_effective_share(plan) - share) <= 0.5 / plan.poly_every
 
 
-@pytest.mark.parametrize("head_dim,share", [(128, 0.01), (128, 0.02), (256, 0.04)])
+@pytest.mark.parametrize("head_dim,share", [(128, 0.01), (128, 0.02), (256, 0.04), (128, 1e-310), (128, 5e-324)])
 def test_small_poly_share_is_not_silently_dropped(head_dim, share):
+    # (subnormal shares: 1 / share is inf, whose round() raised OverflowError out of the planner, session 13 review)
     d = _spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, {"poly_exp": {"share": share}})
     try:
         plan = _plan(d)

@@ -280,6 +280,12 @@ def test_toml_json_syntax_errors_report_line(tmp_path: Path, suffix: str, text: 
         ("list.yaml", "- a\n- b\n", "expected a mapping"),
         ("list.json", "[1]", "expected a mapping"),
         ("huge.json", '{"head_dim": ' + "9" * 5000 + "}", "JSON error: Exceeds the limit"),  # not a traceback
+        # values the YAML/TOML parsers accept but cannot build gave tracebacks (session 13 review)
+        ("huge.yaml", "name: t\nhead_dim: " + "9" * 5000 + "\n", "YAML error: Exceeds the limit"),
+        ("huge.toml", 'name = "t"\nhead_dim = ' + "9" * 5000 + "\n", "TOML error: Exceeds the limit"),
+        ("date.yaml", "name: t\ndescription: 2001-13-45\n", "YAML error: month must be in 1..12"),
+        ("tag.yaml", 'name: t\nhead_dim: !!int "abc"\n', "YAML error: invalid literal"),
+        ("deep.json", "[" * 100000 + "]" * 100000, "JSON error: nested too deeply"),
     ],
 )
 def test_document_level_problems(tmp_path: Path, filename: str, text: str | None, expected: str):
@@ -340,3 +346,45 @@ def test_byte_order_mark_is_not_content(tmp_path: Path, suffix: str):
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     spec = load_spec(path)
     assert (spec.name, spec.head_dim, spec.mask.kind) == ("t", 64, "causal")
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path):
+    """A YAML alias bomb (10^9 leaves in 600 bytes) in a string field: the error message's repr of the
+    value took minutes and gigabytes (session 13 review); a bounded repr keeps it short."""
+    import time
+
+    lines = ["name: bomb", "targets: [sm90]", "dtype: bf16", "head_dim: 128", "description:",
+             "  - &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  - &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    start = time.perf_counter()
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert time.perf_counter() - start < 2.0
+    (problem,) = info.value.problems
+    assert problem.location == "description" and len(problem.message) < 200
+
+
+@pytest.mark.parametrize("softcap, ok", [(0.0, True), (30.0, True), (1e-30, True), (1e30, True),
+                                         (3e38, False), (1e-40, False), (1e31, False)])
+def test_softcap_range(softcap: float, ok: bool):
+    # 3e38 made softcap * log2(e) inf in fp32 (all-NaN output), 1e-40 scale / softcap inf (session 13 review)
+    data = {"name": "t", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "softcap": softcap}
+    if ok:
+        assert spec_from_dict(data).softcap == softcap
+    else:
+        with pytest.raises(SpecError) as info:
+            spec_from_dict(data)
+        (problem,) = info.value.problems
+        assert problem.location == "softcap" and "must be 0 (off) or in [1e-30, 1e+30]" in problem.message
+
+
+def test_chunk_size_fits_int32():
+    data = {"name": "t", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64,
+            "mask": {"kind": "chunked", "chunk_size": 2**31}}
+    with pytest.raises(SpecError) as info:
+        spec_from_dict(data)
+    assert [p.location for p in info.value.problems] == ["mask.chunk_size"]
+    data["mask"]["chunk_size"] = 2**31 - 1
+    assert spec_from_dict(data).mask.chunk_size == 2**31 - 1

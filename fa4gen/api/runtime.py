@@ -700,6 +700,10 @@ class ForwardOp:
         if plan["local"]:
             left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
             if seqlens is not None:
+                if seqlens[0] + seqlens[1] >= 2**31:
+                    # key-space positions span [-seqlen_q, seqlen_k) and the kernels add window sides to
+                    # them in Int32: past this a row's bound wraps and the row silently sees no key
+                    _fail(f"k: a sliding window needs seqlen_q + seqlen_k < 2**31, got {seqlens[0]} + {seqlens[1]}")
                 left, right = clamp_window(left, right, *seqlens)
             args += [left, right]
         elif window is not None:

@@ -30,7 +30,8 @@ def poly_choice(spec: AttentionSpec, tile_n: int, problems: list) -> tuple[int, 
     share = spec.pipeline.poly_exp.share
     fit = fit_exp2(spec.pipeline.poly_exp.degree)
     cols = tile_n // 4
-    every = 0 if share == 0.0 else max(1, round(1.0 / share))
+    # (1 / share capped: a subnormal share's inverse is inf, which round() refuses; past cols it is refused below)
+    every = 0 if share == 0.0 else max(1, round(min(1.0 / share, cols + 1)))
     if every and fit.max_rel_error > POLY_MAX_REL_ERROR:
         problems.append(problem(
             "pipeline.poly_exp.degree",

@@ -197,6 +197,11 @@ def _parse_yaml(text: str, source: Path) -> Any:
         raise _document_error(source, f"{what}{where}: {problem}") from None
     except yaml.YAMLError as err:
         raise _document_error(source, f"invalid YAML: {err}") from None
+    except RecursionError:
+        raise _document_error(source, "YAML error: nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as err:  # a scalar the constructors cannot build
+        # (an integer beyond Python's digit limit, a date like 2001-13-45, !!int "abc")
+        raise _document_error(source, f"YAML error: {_short(err)}") from None
 
 
 _TOML_AT_END = " (at end of document)"
@@ -219,6 +224,15 @@ def _parse_toml(text: str, source: Path) -> Any:
         else:
             where = ""
         raise _document_error(source, f"TOML syntax error{where}: {detail}") from None
+    except RecursionError:
+        raise _document_error(source, "TOML error: nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as err:  # e.g. an integer beyond Python's digit limit
+        raise _document_error(source, f"TOML error: {_short(err)}") from None
+
+
+def _short(err: Exception) -> str:
+    text = str(err)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _parse_json(text: str, source: Path) -> Any:
@@ -237,7 +251,9 @@ def _parse_json(text: str, source: Path) -> Any:
             source, f"JSON syntax error at line {err.lineno}, column {err.colno}: {err.msg}"
         ) from None
     except ValueError as err:  # e.g. an integer beyond Python's digit limit for str -> int
-        raise _document_error(source, f"JSON error: {err}") from None
+        raise _document_error(source, f"JSON error: {_short(err)}") from None
+    except RecursionError:
+        raise _document_error(source, "JSON error: nested too deeply") from None
 
 
 _PARSERS = {".yaml": _parse_yaml, ".yml": _parse_yaml, ".toml": _parse_toml, ".json": _parse_json}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import reprlib
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -69,11 +70,19 @@ def rule_error(*problems: tuple[str, str]) -> PydanticCustomError:
     return PydanticCustomError(RULE_ERROR, "{summary}", {"summary": summary, "problems": problems})
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel, _SHORT_REPR.maxstring, _SHORT_REPR.maxother = 3, 200, 200
+_SHORT_REPR.maxlist = _SHORT_REPR.maxtuple = _SHORT_REPR.maxdict = _SHORT_REPR.maxset = 8
+# softcap's range (AttentionSpec._softcap): fp32-normal softcap * log2(e) and scale / softcap
+SOFTCAP_MIN, SOFTCAP_MAX = 1e-30, 1e30
+
+
 def show_value(value: Any) -> str:
     """A given value for an error message, spelled as in spec files where that differs."""
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
-    text = repr(value)
+    # bounded: a YAML alias bomb is a small file whose full repr is gigabytes
+    text = _SHORT_REPR.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -132,7 +141,7 @@ class ChunkedMask(_Model):
     """Queries attend causally within their own chunk of `chunk_size` keys (Llama 4 style)."""
 
     kind: Literal["chunked"] = "chunked"
-    chunk_size: Annotated[StrictInt, Field(ge=1)]
+    chunk_size: Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]  # an Int32 in the kernels
 
     def describe(self) -> str:
         return f"chunked({self.chunk_size})"
@@ -307,6 +316,19 @@ class AttentionSpec(_Model):
             raise PydanticCustomError(
                 "spec_name", "must not be a dunder name, which Python reserves (got {given})",
                 {"given": show_value(value)},
+            )
+        return value
+
+    @field_validator("softcap")
+    @classmethod
+    def _softcap(cls, value: float) -> float:
+        # the kernels take softcap * log2(e) and softmax_scale / softcap as fp32: outside this range one of
+        # them leaves fp32's normal numbers and the scores come out inf * 0 = NaN (3e38) or 0 / 0 (1e-40)
+        if value != 0.0 and not SOFTCAP_MIN <= value <= SOFTCAP_MAX:
+            raise PydanticCustomError(
+                "softcap", "must be 0 (off) or in [{lo}, {hi}] (the kernels take softcap * log2(e) and "
+                "scale / softcap as fp32; got {given})",
+                {"lo": f"{SOFTCAP_MIN:g}", "hi": f"{SOFTCAP_MAX:g}", "given": show_value(value)},
             )
         return value
 
