@@ -326,3 +326,69 @@ def test_build_output_does_not_depend_on_the_working_directory_and_names_misses(
     missing = fa4gen_cli("build", "specs/llama3_8b.yaml", "--check", "--out", "empty", cwd=work)
     assert missing.returncode == 1 and "empty/llama3_8b is missing (not built yet)" in missing.stderr
     assert "@@" not in missing.stderr
+
+
+# --- inspect and cache (session 13 review) -------------------------------------------------------
+
+
+def _cli(args, monkeypatch, cwd):
+    from click.testing import CliRunner
+
+    from fa4gen.cli.main import main
+
+    monkeypatch.chdir(cwd)
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_inspect_exits_1_when_a_kernel_fails_to_compile(monkeypatch):
+    import fa4gen.cli.build_cmds as cmds
+
+    def failing(pkg, name, plans, **_):
+        return [cmds.KernelReport(p.arch, p.module, "failed", "RuntimeError: nvdisasm failed (exit 3)") for p in plans]
+
+    monkeypatch.setattr(cmds, "compile_package", failing)
+    result = _cli(["inspect", "specs/mistral_7b.yaml"], monkeypatch, ROOT)
+    assert result.exit_code == 1 and "failed" in result.output and "nvdisasm failed" in result.output
+
+
+def test_inspect_refuses_a_named_spec_without_the_arch_and_negative_opcodes(monkeypatch):
+    result = _cli(["inspect", "--arch", "sm100", "specs/mistral_7b.yaml"], monkeypatch, ROOT)
+    assert result.exit_code == 2 and "--arch: sm100 not among the spec's targets (sm90)" in result.output
+    result = _cli(["inspect", "--opcodes", "-3", "specs/mistral_7b.yaml"], monkeypatch, ROOT)
+    assert result.exit_code == 2 and "--opcodes" in result.output
+
+
+def test_cache_clear_removes_only_its_own_entries_and_locks(tmp_path: Path, monkeypatch):
+    """A mistyped FA4GEN_CACHE_DIR (a project folder): clear removed its poetry.lock, Cargo.lock and empty
+    build/ folder; now only entries put() made and their <64-hex-key>.lock files go."""
+    from fa4gen.compile.cache import DiskCache
+
+    root = tmp_path / "project"
+    cache = DiskCache(root)
+    key = "ab" * 32
+    cache.put(key, b"object", {"name": "k"})
+    for name in ("poetry.lock", "Cargo.lock", "cd" * 32 + ".lock"):  # the last: an orphan lock of the cache's
+        (root / name).write_text("x")
+    (root / "build").mkdir()
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(root))
+    result = _cli(["cache", "clear"], monkeypatch, tmp_path)
+    assert result.exit_code == 0 and result.output.startswith("removed 1 entries")
+    assert sorted(p.name for p in root.iterdir()) == ["Cargo.lock", "build", "poetry.lock"]
+
+
+def test_cache_commands_on_a_file_or_an_entry_they_cannot_remove(tmp_path: Path, monkeypatch):
+    from fa4gen.compile.cache import DiskCache
+
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(not_a_dir))
+    for cmd in ("ls", "clear"):
+        result = _cli(["cache", cmd], monkeypatch, tmp_path)
+        assert result.exit_code == 2 and "is not a folder" in result.output, cmd
+    root = tmp_path / "c"
+    DiskCache(root).put("ef" * 32, b"object", {"name": "k"})
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(root))
+    monkeypatch.setattr("shutil.rmtree", lambda *a, **k: None)  # as if the entry's files were read-only
+    result = _cli(["cache", "clear"], monkeypatch, tmp_path)
+    assert result.exit_code == 2 and "could not remove cache entry" in result.output
+    assert "Traceback" not in result.output

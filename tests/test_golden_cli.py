@@ -336,3 +336,86 @@ def test_grad_tolerance_allows_one_input_dtype_ulp_at_the_largest_gradient():
     # fp16 has 3 more mantissa bits: 2^-9 at 3.5
     fp16 = tolerance.grad_budget(exact, low.to(torch.float16), torch.float16, softcap=False)
     assert fp16 == pytest.approx(budget - 2.0**-6 + 2.0**-9)
+
+
+# --- packages that are not what their lock says (session 13 review) ------------------------------
+
+def _copy_package(tmp_path, name="mistral_7b"):
+    dst = tmp_path / "pk" / name
+    shutil.copytree(GENERATED / name, dst)
+    return dst
+
+
+def _edit_lock(pkg, edit):
+    lock_path = pkg / "spec.lock.json"
+    lock = json.loads(lock_path.read_text())
+    edit(lock)
+    lock_path.write_text(json.dumps(lock))
+
+
+def test_a_stale_package_of_a_spec_is_refused(tmp_path, fast_checks):
+    """`fa4gen test SPEC` tested the package of an older version of SPEC and passed."""
+    out = tmp_path / "out"
+    shutil.copytree(GENERATED / "mistral_7b", out / "mistral_7b")
+    spec = tmp_path / "mistral_7b.yaml"
+    spec.write_text((ROOT / "specs" / "mistral_7b.yaml").read_text().replace("dtype: bf16", "dtype: fp16"))
+    result = _invoke(str(spec), "--out", str(out))
+    assert result.exit_code == 2 and not fast_checks
+    assert "was built from another version of this spec; run `fa4gen build" in result.stderr
+
+
+@pytest.mark.parametrize("edit, message", [
+    # the plan's window edited: the emulator and the reference were both built from it and agreed
+    (lambda lock: lock["plans"][0].update(window_left=10, window_right=300), "but the lock's spec asks for"),
+    (lambda lock: lock.update(plans=[]), "lists no kernel plans"),
+    (lambda lock: lock.update(plans=[{}]), "lists no kernel plans (or damaged ones)"),
+    (lambda lock: lock.update(plans="ab"), "lists no kernel plans"),
+    (lambda lock: lock.update(unavailable_targets=["sm100"]), "is not a mapping"),
+    (lambda lock: lock["spec"].update(description="edited"), "does not match its spec_sha256"),
+    (lambda lock: lock["spec"].update(head_dim=24), "the lock's spec no longer validates"),
+])
+def test_a_lock_that_does_not_describe_its_package_is_refused(tmp_path, fast_checks, edit, message):
+    pkg = _copy_package(tmp_path)
+    _edit_lock(pkg, edit)
+    result = _invoke(str(pkg))
+    assert result.exit_code == 2 and not fast_checks, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_an_edited_module_is_refused(tmp_path, fast_checks):
+    pkg = _copy_package(tmp_path)
+    (pkg / "fwd_sm90.py").write_text((pkg / "fwd_sm90.py").read_text() + "\n# edited\n")
+    result = _invoke(str(pkg))
+    assert result.exit_code == 2 and "fwd_sm90.py differs from the file the lock describes" in result.stderr
+
+
+def test_damaged_packages_are_named_and_the_others_still_run(tmp_path, fast_checks):
+    root = tmp_path / "pk"
+    good = _copy_package(tmp_path, "vit_encoder")
+    bad = _copy_package(tmp_path, "mistral_7b")
+    (bad / "spec.lock.json").write_text("{")
+    result = _invoke("--all", "--out", str(root))
+    assert result.exit_code == 2  # after the good package's table
+    assert "not a readable fa4gen lock file" in result.stderr
+    assert {c[1] for c in fast_checks} == {"vit_encoder"} and " passed, " in result.stdout
+    (good / "__init__.py").unlink()
+    result = _invoke(str(good))
+    assert result.exit_code == 2 and "__init__.py is missing" in result.stderr
+    result = _invoke(str(bad / "spec.lock.json"))
+    assert result.exit_code == 2 and "name the package folder" in result.stderr
+
+
+def test_every_unbuilt_spec_of_a_folder_is_named(tmp_path):
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("aaa", "bbb"):
+        (specs / f"{name}.yaml").write_text(f"name: {name}\ntargets: [sm90]\ndtype: bf16\nhead_dim: 64\n")
+    result = _invoke(str(specs), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert all(f"{tmp_path / 'out' / n} is not a generated package" in result.stderr for n in ("aaa", "bbb"))
+
+
+def test_cpu_summary_says_which_numerics_did_not_run(fast_checks):
+    result = _invoke("--cpu", str(GENERATED / "vit_encoder"))
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[-1].endswith("kernel numerics of 2 kernel(s) not run (no Hopper GPU used)")

@@ -154,13 +154,21 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
 @click.argument("specs", nargs=-1, type=click.Path(path_type=str))
 @click.option("--arch", "archs", type=ARCH_CHOICE, multiple=True, help="Only these targets.")
 @click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path))
-@click.option("--opcodes", "top", default=0, show_default=True, help="Also list the N most frequent opcodes.")
+@click.option("--opcodes", "top", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Also list the N most frequent opcodes.")
 def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int) -> None:
-    """Compile (or load from the cache) and summarize each kernel's SASS and resources."""
+    """Compile (or load from the cache) and summarize each kernel's SASS and resources; exit 1 if a
+    kernel fails to compile."""
     loaded, problems = _load_all(list(specs) or ["specs"])
     if problems:
         exit_with_problems(problems)
+    failed = False
     for path, spec in loaded:
+        if archs and not set(archs) & set(spec.targets):
+            if specs:  # named on the command line: say so (over the whole of specs/ it is skipped), as build does
+                problems.append(f"{path}: --arch: {', '.join(archs)} not among the spec's targets "
+                                f"({', '.join(spec.targets)})")
+            continue
         plans, _ = plan_spec(spec, archs=list(archs) or None)
         pkg, _, _ = render_spec(spec, spec_label(path, out.resolve().parent))
         if diff_package(pkg, out):
@@ -170,6 +178,7 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
             click.echo(f"{spec.name} [{r.arch}] {r.module} ({head_dims(spec)}, {spec.mask.kind}): {r.status}")
             if r.status == "failed":
                 click.echo(f"  {r.detail}")
+                failed = True
                 continue
             m = r.meta
             click.echo(f"  registers {m.get('registers')}  stack {m.get('stack_frame')}  "
@@ -179,6 +188,10 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
             if top:
                 hist = sorted((counts.get("opcodes") or {}).items(), key=lambda kv: -kv[1])[:top]
                 click.echo("  top: " + ", ".join(f"{k} {v}" for k, v in hist))
+    if problems:
+        exit_with_problems(problems)
+    if failed:
+        raise SystemExit(1)
 
 
 @main.group()
@@ -192,7 +205,12 @@ def cache_ls() -> None:
     from fa4gen.compile.cache import DiskCache
 
     c = DiskCache()
-    entries = c.ls()
+    if c.root.exists() and not c.root.is_dir():
+        exit_with_problems([f"cache: {c.root} is not a folder (FA4GEN_CACHE_DIR?)"])
+    try:
+        entries = c.ls()
+    except OSError as err:
+        exit_with_problems([f"cache: cannot read {c.root}: {err.strerror or err}"])
     click.echo(f"cache: {c.root} ({len(entries)} entries)")
     rows = [("key", "name", "arch", "regs", "created")]
     for e in entries:
@@ -212,4 +230,10 @@ def cache_clear() -> None:
     from fa4gen.compile.cache import DiskCache
 
     c = DiskCache()
-    click.echo(f"removed {c.clear()} entries from {c.root}")
+    if c.root.exists() and not c.root.is_dir():
+        exit_with_problems([f"cache: {c.root} is not a folder (FA4GEN_CACHE_DIR?)"])
+    try:
+        removed = c.clear()
+    except OSError as err:
+        exit_with_problems([f"cache: {c.root}: {err.strerror or err}" if err.strerror else f"cache: {err}"])
+    click.echo(f"removed {removed} entries from {c.root}")

@@ -41,6 +41,7 @@ LOCK_TIMEOUT_S = 600.0
 
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HEX_KEY_RE = re.compile(r"^[0-9a-f]{64}$")  # cache_key()'s keys (sha256)
 _RESERVED_META = ("format", "key", "created", "files")
 
 
@@ -293,10 +294,16 @@ class DiskCache:
                 continue  # a folder of something else under the cache root (a mistyped FA4GEN_CACHE_DIR)
             with self._lock(entry_dir.name):
                 shutil.rmtree(entry_dir, ignore_errors=True)
+            if entry_dir.exists():
+                raise OSError(f"could not remove cache entry {entry_dir} (permissions?); {removed} removed before it")
             removed += 1
+            (self.root / f"{entry_dir.name}.lock").unlink(missing_ok=True)
         if self.root.is_dir():
+            # lock files of entries gone earlier: only the cache's own key format (64 hex digits), never
+            # another project's poetry.lock under a mistyped FA4GEN_CACHE_DIR
             for lock in self.root.glob("*.lock"):
-                lock.unlink(missing_ok=True)
+                if _HEX_KEY_RE.match(lock.name[: -len(".lock")]) and not (self.root / lock.stem).exists():
+                    lock.unlink(missing_ok=True)
         return removed
 
     def _entry_dirs(self) -> list[Path]:
@@ -315,7 +322,9 @@ def _looks_like_entry(entry_dir: Path) -> bool:
     """A folder put() made: it holds a meta.json or an artifact (an uncommitted entry), or nothing but
     write temporaries. Anything else is not the cache's to delete."""
     names = [p.name for p in entry_dir.iterdir()]
-    return META_NAME in names or ARTIFACT_NAME in names or all(is_temporary(n) for n in names)
+    # (an empty folder is not one: put() creates the folder and its first file under the entry's lock, so
+    # an empty folder under a mistyped FA4GEN_CACHE_DIR is someone else's build/ or src/)
+    return META_NAME in names or ARTIFACT_NAME in names or bool(names) and all(is_temporary(n) for n in names)
 
 
 def _read_verified_meta(key: str, entry_dir: Path) -> dict[str, Any]:

@@ -55,7 +55,9 @@ def main(argv: list[str]) -> int:
     if argv:
         variants = [load_variant(Path(a)) for a in argv if is_package(Path(a))]
     else:
-        variants = packages_under(Path("generated"))
+        variants, problems = packages_under(Path("generated"))
+        for line in problems:
+            print(line, file=sys.stderr)
     for variant in variants:
         for plan in variant.plans:
             if plan["arch"] == "sm90" and plan["direction"] == "fwd":
