@@ -83,6 +83,30 @@ SPECS.update({
                          (144, "causal", 0), (160, "none", 1), (176, "causal", 0), (208, "none", 0),
                          (224, "causal", 1), (240, "none", 0)]
 })
+# session 13's coverage audit: plan combinations no GPU test had run (the S = Q·Kᵀ layout at d128 without
+# Sᵀ; a chunked mask with determinism and MHA; kv_stages 1 / tile_n 96; the dQ hand-off above d128 with
+# GQA; tile_n 192 with the causal bit mask's second word; d256 window + softcap with the hand-off and
+# poly-exp; ping-pong and intra-warpgroup overlap off with window / chunked / softcap)
+_W = {"kind": "sliding_window", "left": 100, "right": 20}
+_C96 = {"kind": "chunked", "chunk_size": 96}
+SPECS.update({
+    "gp_bf16_d128_chunked_det_mha_pp0_kv1": dict(dtype="bf16", head_dim=128, mask=_C96, allow_gqa=False,
+                                                 deterministic=True,
+                                                 pipeline={"ping_pong": False, "kv_stages": 1, "tile_n": 96}),
+    "gp_fp16_d128_window_softcap_noswap_plain": dict(dtype="fp16", head_dim=128, mask=_W, softcap=20.0,
+                                                     pipeline={"bwd_swap_ab": False, "intra_wg_overlap": False,
+                                                               "rescale_threshold": 14.0}),
+    "gp_bf16_d192_128_causal_det_gqa_handoff": dict(dtype="bf16", head_dim=192, head_dim_v=128,
+                                                    mask={"kind": "causal"}, deterministic=True,
+                                                    pipeline={"bwd_dq_atomic": False, "tile_n": 64, "kv_stages": 3}),
+    "gp_bf16_d64_causal_det_mha_swap_atomic_n192": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"},
+                                                        allow_gqa=False, deterministic=True,
+                                                        pipeline={"bwd_dq_atomic": True, "tile_m": 128, "tile_n": 192,
+                                                                  "kv_stages": 4}),
+    "gp_bf16_d256_window_softcap_gqa_handoff_poly": dict(dtype="bf16", head_dim=256, mask=_W, softcap=20.0,
+                                                         pipeline={"bwd_dq_atomic": False,
+                                                                   "poly_exp": {"share": 0.25, "degree": 3}}),
+})
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
     (1, 113, 203, 4, 2),

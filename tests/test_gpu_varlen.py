@@ -66,6 +66,18 @@ BWD_VARIANTS = {
     # GQA + deterministic + causal at d64: the tile record carries the epilogue's coordinates, the q head's
     # turn and the consumers' query-block range (14 LDL/STL before it)
     "vlb_bf16_d64_causal_gqa_det": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, deterministic=True),
+    # session 13's coverage audit: packed variants no GPU test had run (a chunked mask with softcap on the
+    # fixed 192-row forward and the d64 softcap backward with GQA; (192, 128) chunked + softcap + determinism
+    # with dQ from registers, poly-exp, ping-pong and overlap off; d128 MHA with dQ from registers)
+    "vlp_bf16_d64_chunked_softcap_m192": dict(dtype="bf16", head_dim=64, mask={"kind": "chunked", "chunk_size": 96},
+                                              softcap=20.0, pipeline={"tile_m": 192}),
+    "vlp_fp16_d192_128_chunked_softcap_det_mha_dkvt_atomic_poly": dict(
+        dtype="fp16", head_dim=192, head_dim_v=128, mask={"kind": "chunked", "chunk_size": 96}, softcap=20.0,
+        allow_gqa=False, deterministic=True,
+        pipeline={"bwd_dq_atomic": True, "poly_exp": {"share": 0.25, "degree": 3}, "ping_pong": False,
+                  "intra_wg_overlap": False}),
+    "vlp_bf16_d128_none_mha_atomic_plain": dict(dtype="bf16", head_dim=128, allow_gqa=False,
+                                                pipeline={"bwd_dq_atomic": True, "intra_wg_overlap": False}),
 }
 
 
