@@ -39,6 +39,10 @@ EXTRA = {
                                  pipeline={"poly_exp": {"share": 1.0, "degree": 3}, "rescale_threshold": 4.0}),
     "x_fp16_d192_128_chunked": dict(dtype="fp16", head_dim=192, head_dim_v=128, mask={"kind": "chunked", "chunk_size": 96},
                                     return_lse=True, softcap=20.0),
+    # a masked d <= 64 spec's second, 192-row forward for long calls with a window and softcap in fp16
+    # (test_long_calls_run_the_192_row_kernel; session 13's coverage audit: no test call had reached one)
+    "x_fp16_d64_window_softcap": dict(dtype="fp16", head_dim=64, softcap=20.0, return_lse=True,
+                                      mask={"kind": "sliding_window", "left": 300, "right": 40}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -119,28 +123,31 @@ def test_forward_matches_reference(name):
                 assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
 
 
-def test_long_calls_run_the_192_row_kernel():
-    """llama32_1b (d64 causal, tile_m auto) holds two forwards: calls from LONG_SEQLEN_Q query rows on
-    run the 192-row one (fwd_sm90_long), shorter ones the 128-row one; both against the reference,
-    with seqlen_k on both sides of seqlen_q (bottom-right causal), GQA 4:1."""
+@pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16)])
+def test_long_calls_run_the_192_row_kernel(name, dtype):
+    """A masked d64 spec (tile_m auto) holds two forwards: calls from LONG_SEQLEN_Q query rows on run the
+    192-row one (fwd_sm90_long), shorter ones the 128-row one; both against the reference, with seqlen_k on
+    both sides of seqlen_q (bottom-right aligned masks), GQA 4:1."""
     from fa4gen.plan.sm90 import LONG_SEQLEN_Q
 
-    pkg = _package("llama32_1b")
+    pkg = _package(name)
     op = pkg._forward
+    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
+    sem, softcap = _semantics(lock, None, None), lock["spec"]["softcap"]
     gen = torch.Generator(device="cuda").manual_seed(7)
     for s_q, s_k, module in ((LONG_SEQLEN_Q, LONG_SEQLEN_Q, "fwd_sm90_long"), (LONG_SEQLEN_Q + 77, 2500, "fwd_sm90_long"),
                              (LONG_SEQLEN_Q + 300, LONG_SEQLEN_Q - 5, "fwd_sm90_long"), (LONG_SEQLEN_Q - 1, 3000, "fwd_sm90")):
-        q = torch.randn(1, s_q, 8, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
-        k = torch.randn(1, s_k, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
-        v = torch.randn(1, s_k, 2, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q = torch.randn(1, s_q, 8, 64, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(1, s_k, 2, 64, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(1, s_k, 2, 64, device="cuda", dtype=dtype, generator=gen)
         out = torch.full_like(q, float("nan"))
         assert op.forward_plan("sm90", s_q)["module"] == module
         pkg.attention(q, k, v, out=out)
         torch.cuda.synchronize()
         assert ("sm90", module) in op._functions
-        ref, _ = attention_ref(q, k, v, causal=True)
-        low, _ = attention_ref(q, k, v, causal=True, upcast=False)
+        ref, _ = attention_ref(q, k, v, softcap=softcap, **sem)
+        low, _ = attention_ref(q, k, v, softcap=softcap, upcast=False, **sem)
         err = (out.float() - ref).abs().max().item()
         budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
-        assert not torch.isnan(out).any(), f"{module} s_q={s_q} s_k={s_k}: unwritten output"
-        assert err <= budget, f"{module} s_q={s_q} s_k={s_k}: max error {err:.3g} > budget {budget:.3g}"
+        assert not torch.isnan(out).any(), f"{name} {module} s_q={s_q} s_k={s_k}: unwritten output"
+        assert err <= budget, f"{name} {module} s_q={s_q} s_k={s_k}: max error {err:.3g} > budget {budget:.3g}"
