@@ -199,18 +199,29 @@ def cache() -> None:
     """The on-disk kernel cache ($FA4GEN_CACHE_DIR, else the XDG cache dir)."""
 
 
-@cache.command("ls")
-def cache_ls() -> None:
-    """List cached kernels."""
+def _cache_folder():
+    """The cache `fa4gen cache` works on; a root that is a file is one line and exit 2."""
     from fa4gen.compile.cache import DiskCache
 
     c = DiskCache()
     if c.root.exists() and not c.root.is_dir():
         exit_with_problems([f"cache: {c.root} is not a folder (FA4GEN_CACHE_DIR?)"])
+    return c
+
+
+def _or_exit(action, where: str):
+    """action(), with an OSError (permissions, a vanished folder) as one line and exit 2."""
     try:
-        entries = c.ls()
+        return action()
     except OSError as err:
-        exit_with_problems([f"cache: cannot read {c.root}: {err.strerror or err}"])
+        exit_with_problems([f"cache: {where}: {err.strerror}" if err.strerror else f"cache: {err}"])
+
+
+@cache.command("ls")
+def cache_ls() -> None:
+    """List cached kernels."""
+    c = _cache_folder()
+    entries = _or_exit(c.ls, f"cannot read {c.root}")
     click.echo(f"cache: {c.root} ({len(entries)} entries)")
     rows = [("key", "name", "arch", "regs", "created")]
     for e in entries:
@@ -227,13 +238,6 @@ def cache_ls() -> None:
 @cache.command("clear")
 def cache_clear() -> None:
     """Remove every cached kernel."""
-    from fa4gen.compile.cache import DiskCache
-
-    c = DiskCache()
-    if c.root.exists() and not c.root.is_dir():
-        exit_with_problems([f"cache: {c.root} is not a folder (FA4GEN_CACHE_DIR?)"])
-    try:
-        removed = c.clear()
-    except OSError as err:
-        exit_with_problems([f"cache: {c.root}: {err.strerror or err}" if err.strerror else f"cache: {err}"])
+    c = _cache_folder()
+    removed = _or_exit(c.clear, str(c.root))
     click.echo(f"removed {removed} entries from {c.root}")
