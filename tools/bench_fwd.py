@@ -88,15 +88,16 @@ def _dims(text: str) -> list[tuple[int, int]]:
     return dims
 
 
-def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto") -> dict:
+def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0) -> dict:
     """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles)."""
     dv = dv or d
-    return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}", targets=["sm90"],
-                dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal" if causal else "none"},
-                pipeline={"tile_m": tile_m})
+    return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}",
+                targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal" if causal else "none"},
+                softcap=softcap, pipeline={"tile_m": tile_m})
 
 
-def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None) -> dict:
+def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None,
+              softcap: float = 0.0) -> dict:
     if DQ_HANDOFF:
         atomic = False
     elif DET_DQ_ATOMIC if deterministic else DQ_ATOMIC:
@@ -105,10 +106,10 @@ def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, 
         atomic = None  # the plan's auto
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}"
             f"{'' if atomic is None else '_atomic' if atomic else '_handoff'}"
-            f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}")
+            f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({} if atomic is None else {"bwd_dq_atomic": atomic})
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
-                mask={"kind": "causal" if causal else "none"},
+                mask={"kind": "causal" if causal else "none"}, softcap=softcap,
                 backward=True, deterministic=deterministic, allow_gqa=False, pipeline=pipeline)
 
 
@@ -168,6 +169,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
+    ap.add_argument("--softcap", type=float, default=0.0,
+                    help="logit softcap of every spec (flash-attn-4 gets the same; SDPA has none, so its columns stay empty)")
     ap.add_argument("--bwd-swap-ab", action="store_true",
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
@@ -206,15 +209,16 @@ def main():
     for d, dv in _dims(args.dims):
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
-            pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m))
+            sc = args.softcap
+            pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m, sc))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
             if args.bwd:
-                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv))
+                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv, sc))
                 bwd_first_call_s = _warm_backward(bwd_pkg, d, dv)
-                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv)) if args.deterministic else None
+                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv, sc)) if args.deterministic else None
                 det_first_call_s = _warm_backward(det_pkg, d, dv) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d
@@ -226,9 +230,14 @@ def main():
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
+                if sc:  # SDPA computes no softcap: its columns would time another function
+                    impls.pop("cudnn"), impls.pop("sdpa_flash")
+                    res.update(cudnn=None, sdpa_flash=None)
                 if fa4 is not None:
-                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
+                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **({"softcap": sc} if sc else {}))
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
+                    if sc:
+                        raise ValueError("SDPA has no softcap")
                     ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
                     res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
                 except Exception as err:  # noqa: BLE001
@@ -246,12 +255,14 @@ def main():
                 res["vs_best"] = round(res["fa4gen"] / best, 3) if best else None
                 if args.bwd:
                     res["bwd_first_call_s"], res["det_first_call_s"] = bwd_first_call_s, det_first_call_s
-                    bwd_impls = {"fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal),
-                                 "sdpa_flash": _sdpa_bshd(flash, causal)}
+                    bwd_impls = {"fa4gen": bwd_pkg.attention} if sc else {
+                        "fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal), "sdpa_flash": _sdpa_bshd(flash, causal)}
+                    if sc:
+                        res.update(cudnn_bwd=None, sdpa_flash_bwd=None)
                     if det_pkg is not None:
                         bwd_impls["fa4gen_det"] = det_pkg.attention
                     if fa4 is not None:
-                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
+                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **({"softcap": sc} if sc else {})))
                     bwd_columns(res, bwd_impls, q, k, v, flops)
                 rows.append(res)
                 print(json.dumps(res), flush=True)
