@@ -28,3 +28,96 @@ def test_key_follows_used_helpers_only(monkeypatch):
     monkeypatch.setattr(gen, "device_helper_sources", real)
     assert gen.kernel_cache_key(source, "sm_100a") != base
     assert gen.kernel_cache_key(source + "\n", "sm_90a") != base
+
+
+# --- a stale kernel must never be stored under a new key (session 13 review) ----------------------
+
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("spelling", [
+    "from . import polyexp",
+    "from fa4gen.device import (\n    polyexp,\n)",
+    "import fa4gen.device.polyexp as p",
+    "from fa4gen.device.polyexp import exp2_poly",
+])
+def test_every_import_spelling_puts_the_helper_in_the_key(spelling):
+    # a regex of one spelling let the others through: editing polyexp.py then kept the key
+    assert "polyexp.py" in gen.used_helper_sources(spelling + "\n")
+
+
+def test_cute_dsl_settings_that_change_code_are_in_the_key(monkeypatch):
+    source = (ROOT / "generated" / "llama3_8b" / "fwd_sm90.py").read_text()
+    for var in [k for k in __import__("os").environ if k.startswith("CUTE_DSL_")]:
+        monkeypatch.delenv(var)
+    base = gen.kernel_cache_key(source, "sm_90a")
+    monkeypatch.setenv("CUTE_DSL_DUMP_DIR", "/tmp/x")  # where files go: not the code
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")  # keyed on its own
+    assert gen.kernel_cache_key(source, "sm_90a") == base
+    for var in ("CUTE_DSL_LINEINFO", "CUTE_DSL_DEBUG", "CUTE_DSL_ENABLE_ASSERTIONS"):
+        monkeypatch.setenv(var, "1")
+        assert gen.kernel_cache_key(source, "sm_90a") != base, var
+        monkeypatch.delenv(var)
+
+
+def test_helpers_edited_after_this_process_read_them_keep_the_key_and_are_not_stored(monkeypatch, tmp_path):
+    """The key describes the helpers this process runs (its snapshot), and what compiles after an edit on
+    disk is not stored: it was traced from the imported helpers, not from the file's new text."""
+    calls = []
+    monkeypatch.setattr(gen, "compile_kernel", lambda **kw: calls.append(kw) or kw)
+    monkeypatch.setattr(gen, "_HELPER_SNAPSHOT", None)
+    monkeypatch.setattr(gen, "_WARNED_STALE", set())
+    kernel = tmp_path / "fwd_sm90.py"
+    kernel.write_text((ROOT / "generated" / "llama3_8b" / "fwd_sm90.py").read_text())
+    plan = {"cute_arch": "sm_90a", "name": "k", "module": "fwd_sm90", "class_name": "FlashFwdSm90"}
+    from fa4gen.compile.cache import DiskCache
+
+    cache = DiskCache(tmp_path / "cache")
+    gen.compile_generated(kernel, "pkg.fwd_sm90", plan, cache=cache)
+    real = gen.device_helper_sources
+    monkeypatch.setattr(gen, "device_helper_sources",
+                        lambda: {**real(), "softmax.py": real()["softmax.py"] + "\n# edited\n"})
+    with pytest.warns(UserWarning, match=r"changed on disk since this process imported them \(softmax.py\)"):
+        gen.compile_generated(kernel, "pkg.fwd_sm90", plan, cache=cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per helper
+        gen.compile_generated(kernel, "pkg.fwd_sm90", plan, cache=cache)
+    assert calls[0]["key"] == calls[1]["key"] == calls[2]["key"]
+    assert calls[0]["store"] and not calls[1]["store"] and not calls[2]["store"]
+
+
+@pytest.mark.compile
+def test_a_module_already_imported_under_the_name_is_not_what_compiles(tmp_path):
+    """A package rebuilt in a running process (or reloaded after `fa4gen build`) keeps its old kernel module
+    in sys.modules under the same name; the miss for the new text traced that old module and stored its
+    kernel under the new text's key — a causal spec then ran full attention in every later process. The
+    module compiled is executed from the text the key hashed."""
+    pytest.importorskip("cutlass")
+    from fa4gen.builder import render_spec
+    from fa4gen.spec import spec_from_dict
+
+    def module_text(mask):
+        spec = spec_from_dict({"name": "stale_mod", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64,
+                               "mask": {"kind": mask}, "pipeline": {"tile_m": 128}})
+        pkg, plans, _ = render_spec(spec, "t")
+        return pkg.files["fwd_sm90.py"], plans[0].to_dict()
+
+    full, _ = module_text("none")
+    causal, causal_plan = module_text("causal")
+    path = tmp_path / "fwd_sm90.py"
+    path.write_text(full)
+    stale = gen.import_from_path("stale_pkg_t.fwd_sm90", path)  # the old module, as a running process has it
+    assert not getattr(stale, "MASK", {}).get("causal")
+    path.write_text(causal)  # rebuilt with a causal mask
+    from fa4gen.compile.cache import DiskCache
+
+    got = gen.compile_generated(path, "stale_pkg_t.fwd_sm90", causal_plan, cache=DiskCache(tmp_path / "c"), keep_sass=True)
+    other = tmp_path / "other.py"
+    other.write_text(causal)
+    want = gen.compile_generated(other, "fresh_pkg_t.fwd_sm90", causal_plan, cache=None, keep_sass=True)
+    counts = lambda r: {k: v for k, v in r.meta["sass"].items() if k != "kernels"}  # noqa: E731 (names differ)
+    assert counts(got) == counts(want) and got.meta["registers"] == want.meta["registers"]
+    traced = [m for n, m in __import__("sys").modules.items() if n.startswith("stale_pkg_t.fwd_sm90__")]
+    assert traced and all(getattr(m, "MASK", {}).get("causal") for m in traced)

@@ -236,6 +236,7 @@ def compile_kernel(
     cache: DiskCache | None,
     key: str | None,
     keep_sass: bool,
+    store: bool = True,
 ) -> CompileResult:
     """Compile ``build_fn()`` for ``arch`` (no GPU needed), or load it from ``cache``.
 
@@ -245,7 +246,8 @@ def compile_kernel(
     ``keep_sass``) and stored under ``key``; a cache that cannot be written is warned
     about and skipped. On a hit the stored object is loaded; with ``keep_sass`` and an
     entry stored without SASS, the SASS is computed from the stored cubin and the entry
-    is updated.
+    is updated. With ``store`` False a miss is not stored (what it compiled may not be what ``key``
+    describes, e.g. helpers edited on disk after this process imported them).
     """
     _check_arch(arch)
     use_cache = cache is not None and key is not None
@@ -265,7 +267,7 @@ def compile_kernel(
         obj = obj_path.read_bytes()
     meta, sass_text = inspect_object(obj, arch=arch, keep_sass=keep_sass)
     meta.update(name=name, arch=arch, compile_seconds=round(seconds, 3))
-    if use_cache:
+    if use_cache and store:
         extras = _cache_extras(obj, sass_text, meta)
         try:
             meta = cache.put(key, obj, meta, extras=extras).meta
