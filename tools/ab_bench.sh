@@ -11,7 +11,9 @@
 # .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
 # is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
 # "new" is this working tree, "ref" the prepared copy; each side has its own compile cache and runs
-# tools/bench_fwd.py in a fresh process, new/ref/new/ref/... so slow drift hits both sides alike.
+# tools/bench_fwd.py in a fresh process, in ABBA order (new ref ref new ...), and ab_compare.py divides
+# each run's cell by the same run's flash-attn-4 cell before comparing the sides, so clock drift between
+# processes cancels; use an even number of rounds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "${1:-}" in
@@ -33,7 +35,10 @@ case "${1:-}" in
     [[ -f "$root/tools/$script" ]] || { echo "AB_SCRIPT: no tools/$script" >&2; exit 2; }
     mkdir -p "$out"
     for round in $(seq 1 "$rounds"); do
-      for side in new ref; do
+      # ABBA: odd rounds new first, even rounds ref first, so a steady clock drift over the call does not
+      # favour one side (the same order every round did)
+      sides="new ref"; (( round % 2 == 0 )) && sides="ref new"
+      for side in $sides; do
         pp=$PYTHONPATH
         [[ $side == ref ]] && pp="$root/.ab/ref:$PYTHONPATH"
         # the script's own folder (tools/) comes first on sys.path, then PYTHONPATH: check which fa4gen loads

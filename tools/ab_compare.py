@@ -1,9 +1,11 @@
 """Table of an A/B run of tools/ab_bench.sh: per grid cell, fa4gen's TFLOP/s of the new tree and of the
-reference in every round, new/ref of their means and each side's ratio to flash-attn-4 (whose column is
-averaged over all rounds of both sides), forward and, when the runs had --bwd, backward (and with
---deterministic the deterministic backward, against flash-attn-4's only backward); then the
-geometric mean of new/ref. Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes DIR/ab.md. Runs anywhere:
-`python3 tools/ab_compare.py DIR`.
+reference in every round, new/ref and each side's ratio to flash-attn-4, forward and, when the runs had
+--bwd, backward (and with --deterministic the deterministic backward, against flash-attn-4's only
+backward); then the geometric mean of new/ref and its spread over rounds. Each side's runs are separate
+processes whose clocks drift (the matmul rate moved 9% in 7 minutes in session 13), so new/ref divides
+each run's fa4gen cell by the same run's flash-attn-4 cell first — the same-run ratio — and falls back
+to raw TFLOP/s only where flash-attn-4 did not run. Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes
+DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
 """
 
 import argparse
@@ -14,9 +16,14 @@ from statistics import mean
 
 
 def load(path: Path) -> dict[tuple, dict]:
-    """Rows of one bench run keyed by (d, seqlen, causal)."""
+    """Rows of one bench run keyed by (d, dv, seqlen, causal)."""
     rows = json.loads(path.read_text())["rows"]
-    return {(r["d"], r["seqlen"], "y" if r["causal"] else "n"): r for r in rows}
+    return {(_dims(r), r["seqlen"], "y" if r["causal"] else "n"): r for r in rows}
+
+
+def _dims(r: dict) -> str:
+    dv = r.get("dv", r["d"])
+    return str(r["d"]) if dv == r["d"] else f"{r['d']}x{dv}"
 
 
 def runs(ab_dir: Path, side: str) -> list[dict[tuple, dict]]:
@@ -27,20 +34,30 @@ def runs(ab_dir: Path, side: str) -> list[dict[tuple, dict]]:
     return found
 
 
-def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[list[str], list[float]]:
+def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
+    """fa4gen's cell in one run, relative to the same run's flash-attn-4 cell when it has one."""
+    row = run[cell]
+    return row[col] / row[fa4_col] if row.get(fa4_col) else row[col]
+
+
+def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[list[str], list[float], list[list[float]]]:
+    """(markdown lines, new/ref per cell, new/ref per cell and round pair)."""
     cells = [c for c in new[0] if all(c in r and r[c].get(col) is not None for r in new + ref)]
     lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 |", "|---" * 8 + "|"]
-    ratios = []
+    ratios, per_round = [], []
     for c in cells:
         n = [r[c][col] for r in new]
         f = [r[c][col] for r in ref]
-        fa4 = [r[c][fa4_col] for r in new + ref if r[c].get(fa4_col) is not None]
-        ratio = mean(n) / mean(f)
+        rn = [_relative(r, c, col, fa4_col) for r in new]
+        rf = [_relative(r, c, col, fa4_col) for r in ref]
+        ratio = mean(rn) / mean(rf)
         ratios.append(ratio)
-        vs = (lambda x: f"{mean(x) / mean(fa4):.3f}") if fa4 else (lambda x: "-")
+        per_round.append([a / b for a, b in zip(rn, rf)])
+        same_run = all(r[c].get(fa4_col) for r in new + ref)
+        vs = (lambda x: f"{mean(x):.3f}") if same_run else (lambda x: "-")
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
-                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f} | {vs(n)} | {vs(f)} |")
-    return lines, ratios
+                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f} | {vs(rn)} | {vs(rf)} |")
+    return lines, ratios, per_round
 
 
 def main(argv: list[str] | None = None):
@@ -50,13 +67,18 @@ def main(argv: list[str] | None = None):
     new, ref = runs(args.dir, "new"), runs(args.dir, "ref")
     if not new or not ref:
         raise SystemExit(f"{args.dir}: need new_N/ and ref_N/ folders with bench_*.json (found {len(new)} new, {len(ref)} ref)")
+    if len(new) != len(ref):  # a run that failed: the rounds no longer pair up
+        print(f"warning: {len(new)} new runs but {len(ref)} ref runs (a failed run? see the logs)")
     out = []
     # (the deterministic backward, with --deterministic, against flash-attn-4's non-deterministic one)
     for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd"), ("fa4gen_det_bwd", "fa4_bwd")):
         if all(r and next(iter(r.values())).get(col) is not None for r in new + ref):
-            lines, ratios = table(new, ref, col, fa4_col)
+            lines, ratios, per_round = table(new, ref, col, fa4_col)
             gm = math.exp(mean(math.log(x) for x in ratios))
-            out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {len(new)} runs each", ""]
+            rounds = [math.exp(mean(math.log(cell[i]) for cell in per_round)) for i in range(min(len(new), len(ref)))]
+            spread = f" (per round {', '.join(f'{x:.3f}' for x in rounds)})" if len(rounds) > 1 else ""
+            out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {len(new)} runs "
+                            f"each{spread}; ratios to the same run's flash-attn-4", ""]
     text = "\n".join(out)
     (args.dir / "ab.md").write_text(text + "\n")
     print(text)

@@ -17,6 +17,7 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py 
 
 import argparse
 import json
+import statistics
 import sys
 import math
 import time
@@ -123,6 +124,23 @@ def _warm_backward(pkg, d: int, dv: int | None = None) -> float:
     return round(time.perf_counter() - t0, 2)
 
 
+def _rep_ms(fn) -> float:
+    """do_bench's time budget for `fn`: 100 ms, or enough for ~25 timed calls of a long one (a 15 ms d256
+    s16k backward got 6 in 100 ms)."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return max(100.0, 25 * start.elapsed_time(end))
+
+
+def bench_ms(fn, **kw) -> float:
+    """Median ms of fn over do_bench (L2 flushed before every call), with at least ~25 timed calls."""
+    return do_bench(fn, warmup=25, rep=_rep_ms(fn), return_mode="median", **kw)
+
+
 def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     """Median time of the backward of run(q, k, v) (BSHD in and out), and the gradients it gives."""
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
@@ -133,21 +151,24 @@ def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     # copies: do_bench calls the backward several times before it starts clearing .grad, and autograd
     # accumulates into an existing .grad in place (the 2026-11-29 grid's diff column was inflated by it)
     grads = tuple(g.clone() for g in (qg.grad, kg.grad, vg.grad))
-    ms = do_bench(lambda: out.backward(dout, retain_graph=True), warmup=25, rep=100, grad_to_none=[qg, kg, vg],
-                  return_mode="median")
+    ms = bench_ms(lambda: out.backward(dout, retain_graph=True), grad_to_none=[qg, kg, vg])
     return ms, grads
 
 
-def bwd_columns(res: dict, impls: dict, q, k, v, flops: float) -> None:
-    """Backward TFLOP/s of every implementation into `res`, fa4gen's gradients checked against cuDNN's."""
-    grads = {}
-    for name, run in impls.items():
-        try:
-            ms, grads[name] = bwd_time_ms(run, q, k, v)
-            res[f"{name}_bwd"] = round(2.5 * flops / (ms * 1e-3) / 1e12, 1)
-        except Exception as err:  # noqa: BLE001
-            res[f"{name}_bwd"] = None
-            res[f"{name}_bwd_error"] = f"{type(err).__name__}: {err}"[:200]
+def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1) -> None:
+    """Backward TFLOP/s of every implementation into `res` (the median over `repeats` passes, each in a
+    rotated order), fa4gen's gradients checked against cuDNN's."""
+    grads, times = {}, {name: [] for name in impls}
+    for rep in range(repeats):
+        order = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
+        for name in order:
+            try:
+                ms, grads[name] = bwd_time_ms(impls[name], q, k, v)
+                times[name].append(ms)
+            except Exception as err:  # noqa: BLE001
+                res[f"{name}_bwd_error"] = f"{type(err).__name__}: {err}"[:200]
+    for name, ms in times.items():
+        res[f"{name}_bwd"] = round(2.5 * flops / (statistics.median(ms) * 1e-3) / 1e12, 1) if ms else None
     if "fa4gen" in grads and "cudnn" in grads:
         res["bwd_max_abs_diff_vs_cudnn"] = max((a.float() - b.float()).abs().max().item()
                                                for a, b in zip(grads["fa4gen"], grads["cudnn"]))
@@ -169,6 +190,8 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="time every cell this many times, each pass in a rotated implementation order; median")
     ap.add_argument("--softcap", type=float, default=0.0,
                     help="logit softcap of every spec (flash-attn-4 gets the same; SDPA has none, so its columns stay empty)")
     ap.add_argument("--bwd-swap-ab", action="store_true",
@@ -243,13 +266,15 @@ def main():
                 except Exception as err:  # noqa: BLE001
                     res["max_abs_diff_vs_cudnn"] = None
                     res["cudnn_ref_error"] = f"{type(err).__name__}: {err}"[:200]
-                for name, fn in impls.items():
-                    try:
-                        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-                        res[name] = round(flops / (ms * 1e-3) / 1e12, 1)
-                    except Exception as err:  # noqa: BLE001
-                        res[name] = None
-                        res[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
+                times = {name: [] for name in impls}
+                for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
+                    for name in list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]:
+                        try:
+                            times[name].append(bench_ms(impls[name]))
+                        except Exception as err:  # noqa: BLE001
+                            res[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
+                for name, ms in times.items():
+                    res[name] = round(flops / (statistics.median(ms) * 1e-3) / 1e12, 1) if ms else None
                 best = max([res.get("fa4") or 0, res.get("cudnn") or 0])
                 res["vs_fa4"] = round(res["fa4gen"] / res["fa4"], 3) if res.get("fa4") else None
                 res["vs_best"] = round(res["fa4gen"] / best, 3) if best else None
@@ -262,18 +287,28 @@ def main():
                     if det_pkg is not None:
                         bwd_impls["fa4gen_det"] = det_pkg.attention
                     if fa4 is not None:
-                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **({"softcap": sc} if sc else {})))
-                    bwd_columns(res, bwd_impls, q, k, v, flops)
+                        kw = {"softcap": sc} if sc else {}
+                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **kw))
+                        if det_pkg is not None:  # the deterministic columns side by side
+                            bwd_impls["fa4_det"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, deterministic=True, **kw))
+                    bwd_columns(res, bwd_impls, q, k, v, flops, args.repeats)
                 rows.append(res)
                 print(json.dumps(res), flush=True)
+    # the clock moves over a grid (the matmul went 729 -> 794 TFLOP/s between two grids 7 minutes apart):
+    # the matmul again at the end, so a "% of matmul" can quote both
+    mm_ms = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
+    matmul_after = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
     stem = "bench_bwd" if args.bwd else "bench_fwd"
-    (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "gpu": torch.cuda.get_device_name(),
+    (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "matmul_tflops_after": matmul_after,
+                                                      "gpu": torch.cuda.get_device_name(),
                                                       "argv": sys.argv[1:], "rows": rows}, indent=1))
     head = "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |"
     if args.bwd:
         head += " bwd fa4gen | bwd FA4 | bwd cuDNN | bwd SDPA flash | bwd fa4gen/FA4 | bwd fa4gen/best |"
-        head += " bwd det | det/non-det |" if args.deterministic else ""
-    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s", "", head, "|---" * (head.count("|") - 1) + "|"]
+        head += " bwd det | det/non-det | bwd FA4 det |" if args.deterministic else ""
+    head += " diff vs cuDNN |"
+    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
+             f"{args.repeats} timing pass(es) per cell", "", head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         dims = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
         line = (f"| {dims} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
@@ -281,7 +316,11 @@ def main():
         if args.bwd:
             line += (f" {r['fa4gen_bwd']} | {r.get('fa4_bwd')} | {r['cudnn_bwd']} | {r['sdpa_flash_bwd']} | "
                      f"{r['bwd_vs_fa4']} | {r['bwd_vs_best']} |")
-            line += f" {r.get('fa4gen_det_bwd')} | {r.get('det_vs_nondet')} |" if args.deterministic else ""
+            line += f" {r.get('fa4gen_det_bwd')} | {r.get('det_vs_nondet')} | {r.get('fa4_det_bwd')} |" if args.deterministic else ""
+        # largest |fa4gen - cuDNN| of the outputs (and of the gradients, after the slash): the run's check
+        diff = r.get("max_abs_diff_vs_cudnn")
+        line += f" {'-' if diff is None else f'{diff:.3g}'}"
+        line += f" / {r['bwd_max_abs_diff_vs_cudnn']:.3g} |" if r.get("bwd_max_abs_diff_vs_cudnn") is not None else " |"
         lines.append(line)
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
