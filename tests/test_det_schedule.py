@@ -121,3 +121,27 @@ def test_packed_order_never_deadlocks(mask):
     ]
     for (lq, lk, used), sms in itertools.product(packings, (1, 2, 3, 132)):
         assert simulate_packed(lq, lk, used, 64, 128, sms, mask) is not None, (lq, lk, used, sms)
+
+
+@pytest.mark.parametrize("spec", [
+    dict(head_dim=128, mask={"kind": "causal"}),  # the ordered hand-off (dQ warp)
+    dict(head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 0}),  # the turn warp, 2 passes
+    dict(head_dim=64, varlen=True, mask={"kind": "chunked", "chunk_size": 96}),  # packed query tiles
+])
+def test_the_kernel_takes_turns_as_simulated(spec):
+    """The simulation above hard-codes the kernel's turn rule (hi - 1 - n, key blocks last-to-first): the
+    rendered deterministic backward must compute exactly that, times the passes per query block, with
+    n_end the key-block range's end (an off-by-one there hangs the GPU; a review found nothing tying the
+    two together, session 13)."""
+    import re
+
+    from fa4gen.builder import render_spec
+    from fa4gen.spec import spec_from_dict
+
+    full = spec_from_dict(dict(name="det_turns", targets=["sm90"], dtype="bf16", backward=True, deterministic=True,
+                               **spec))
+    pkg, _, _ = render_spec(full, "t")
+    code = pkg.files["bwd_sm90.py"]
+    turns = re.findall(r"^\s*turn = (.+)$", code, re.MULTILINE)
+    assert turns and all(re.fullmatch(r"(2 \* \()?n_end - 1 - n_block\)?", t) for t in turns), turns
+    assert re.search(r"_, n_end = mask\.n_block_range\(|n_end = cute\.ceil_div\(seqlen_k, TILE_N\)", code)

@@ -312,15 +312,22 @@ def test_every_plannable_poly_degree_meets_the_budget(dtype):
         assert worst <= 1, f"degree {degree}: {worst:.1f}x the budget"
 
 
-def test_every_plannable_threshold_is_safe_in_fp16():
-    spec = spec_from_dict(dict(name="thr", targets=["sm90"], dtype="fp16", head_dim=64,
-                               pipeline={"rescale_threshold": 20.0}))
-    try:
-        plan = _forward(spec)
-    except PlanError:
-        return
-    q, k, v = _jumping_logits(plan, 18.0)  # kept (18 < 20), so P reaches 2^18 > fp16's 65504
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_every_plannable_threshold_is_safe(dtype):
+    """The planner's largest threshold per dtype is safe: a running max that moves by just under it is
+    kept, so P reaches 2^jump, which must still fit the dtype (fp16's 65504 < 2^16). Above the limit the
+    planner refuses. (This test once planned threshold 20 in fp16 only, which the planner refuses: it
+    returned before the emulator ran — session 13 review.)"""
+    from fa4gen.plan.common import THRESHOLD_LIMIT
+
+    limit = THRESHOLD_LIMIT[dtype]
+    spec = lambda t: spec_from_dict(dict(name="thr", targets=["sm90"], dtype=dtype, head_dim=64,  # noqa: E731
+                                         pipeline={"rescale_threshold": t}))
+    plan = _forward(spec(limit))
+    q, k, v = _jumping_logits(plan, limit - 0.1)  # kept: below the threshold
     assert _check(plan, q, k, v)[0] <= 1
+    with pytest.raises(PlanError):
+        _forward(spec(limit + 1.0))
 
 
 def test_a_huge_window_is_the_same_as_no_window():

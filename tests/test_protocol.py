@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import re
 from pathlib import Path
 
@@ -88,6 +89,16 @@ def test_sm100_protocol_holds(plan):
 def test_sm90_protocol_holds(plan):
     runs = protocol.check_sm90(plan, runs=40, max_blocks=6, seed=2)
     assert len(runs) == 40
+    # every run drove its key blocks through the K and V pipelines (check_sm90 draws each run's block count
+    # from random.Random(seed); a model that ran no block passed before, session 13 review): Q once, then
+    # one K and one V load per block, each completing its stage's full barrier once
+    rng = random.Random(2)
+    blocks = [rng.randint(0, 6) for _ in range(40)]
+    assert max(blocks) == 6
+    for run, n in zip(runs, blocks):
+        assert run.tma_copies == 1 + 2 * n
+        for pipe in ("k", "v"):
+            assert sum(v for key, v in run.completions.items() if key.startswith(f"{pipe}.full")) == n
 
 
 def test_backward_plans_are_refused_not_passed():

@@ -181,8 +181,8 @@ MUTATIONS: dict[str, tuple[str, int, Callable[[Call, int, Any], Call]]] = {
         torch.zeros(99, dtype=torch.int32), torch.zeros(1, dtype=torch.float32)][i])),
     "max_seqlen_q": ("max_seqlen_q", 3, lambda c, i, p: _swap(c, "max_seqlen_q", [-1, 1.5, True][i])),
 }
-# Mutations a CPU-only machine can check end to end: ForwardOp checks that q is a CUDA tensor right
-# after its type, so every other argument's check is out of reach with CPU tensors.
+# Mutations whose checks come before any device work (ForwardOp now checks every argument before it asks
+# for CUDA tensors, so on a CPU the others are named too; tests/test_fuzz_runtime.py checks both).
 CHECKED_BEFORE_DEVICE = ("q_type", "q_grad", "k_grad", "v_grad", "cu_seqlens", "cu_seqlens_k", "seqused_k",
                          "max_seqlen_q")
 
