@@ -98,7 +98,7 @@ def _lock_problem(path: Path, lock: Any) -> str | None:
         return f"the lock's spec no longer validates: {err.lines()[0]}"
     if lock.get("spec_sha256") != spec_digest(spec):
         return "the lock's spec does not match its spec_sha256 (edited by hand?)"
-    want = _spec_semantics(spec)
+    want = spec_mask_semantics(spec)
     for plan in plans:
         try:
             got = mask_semantics(plan)
@@ -109,7 +109,7 @@ def _lock_problem(path: Path, lock: Any) -> str | None:
     return None
 
 
-def _spec_semantics(spec) -> dict:
+def spec_mask_semantics(spec) -> dict:
     """mask_semantics' dict, from the spec itself (not a plan)."""
     sem: dict[str, Any] = dict(softcap=float(spec.softcap))
     mask = spec.mask
@@ -185,4 +185,4 @@ def _package_of_spec(spec_path: Path, out: Path) -> Variant:
     return variant
 
 
-__all__ = ["LOCK", "SPEC_SUFFIXES", "Variant", "is_package", "load_variant", "packages_under", "resolve"]
+__all__ = ["LOCK", "SPEC_SUFFIXES", "Variant", "is_package", "load_variant", "packages_under", "resolve", "spec_mask_semantics"]
