@@ -220,3 +220,28 @@ def test_plans_are_deterministic_and_round_trip():
     a, b = _plan(spec), _plan(spec)
     assert a == b and a.to_json() == b.to_json()
     assert "pipelines" in a.to_dict() and a.to_dict()["pipelines"][0]["name"] == "q"
+
+
+@pytest.mark.parametrize("mask", [{"kind": "none"}, {"kind": "causal"}])
+def test_varlen_tiles_without_keys_run_one_masked_block(mask):
+    """A varlen sequence without keys (cu_seqlens_k empty for it, or seqused_k 0) and the grid's padding
+    tiles past a sequence's end must run one fully masked key block, as every role takes one pipeline step
+    per block: the no-mask SM100 forward took blocks [0, ceil(0 / tile_n)) and its loops started at block
+    n_max - 1 = -1, the TILE_N rows before the sequence (another sequence's keys, or before the tensor),
+    and padding tiles ran their sequence's whole key range (a review of the SM100 kernel against SM90's,
+    session 13; there is no Blackwell GPU to run it, so the rendered kernel is checked)."""
+    import re
+
+    from fa4gen.builder import render_spec
+
+    spec = spec_from_dict(dict(name="vl_nokeys", targets=["sm100"], dtype="bf16", head_dim=128, varlen=True,
+                               mask=mask))
+    pkg, _, _ = render_spec(spec, "t")
+    code = pkg.files["fwd_sm100.py"]
+    # padding tiles: no keys for them
+    assert re.search(r"if m_block \* TILE_M >= seqlen_q:\n(\s*#.*\n)*\s*seqlen_k = Int32\(0\)", code)
+    if mask["kind"] == "none":
+        assert "n_min, n_max = Int32(0), cutlass.max(cute.ceil_div(seqlen_k, TILE_N), 1)" in code
+    else:
+        assert "bw.key_blocks(bounds, TILE_N)" in code  # never empty either
+    assert "cute.ceil_div(seqlen_k, TILE_N)\n" not in code
