@@ -114,6 +114,7 @@ def _check_scheduler():
 
 
 def test_tile_scheduler_index_math():
-    """fa4gen.device.schedule.tile_coords (the SM90 forward's grouped longest-first order) visits every (m_block, head, batch) once, in the planned order."""
+    """fa4gen.device.schedule.tile_coords (the SM100 forward's grouped longest-first order, modelled on the
+    SM90 one but grouped differently) visits every (m_block, head, batch) once, in the planned order."""
 
     trace_in_kernel(_check_scheduler, "sm_100a")
