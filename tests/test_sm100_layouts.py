@@ -111,10 +111,25 @@ def _check_scheduler():
             assert [m for m, _, _ in seen[first: 2 * first]] == [num_m - 2] * first
         else:  # a (head, batch)'s query tiles are consecutive
             assert seen[:num_m] == [(m, 0, 0) for m in range(num_m)]
+    # with the SM90 forward's groups (pow2_group of the L2 fit) the order is exactly the SM90 grid's launch
+    # order — blockIdx (pair in group x fastest, query tile y reversed, group z), decoded by grouped_pair —
+    # so what the H200 runs is what the SM100 scheduler walks
+    for num_m, heads, batch, fit in ((5, 3, 4, 16), (3, 4, 2, 4), (4, 6, 1, 3), (2, 5, 3, 16)):
+        num_hb = heads * batch
+        group = int(schedule.pow2_group(num_hb, fit))
+        sm100 = [tuple(int(x) for x in schedule.tile_coords(t, num_m, heads, batch, group, longest_first_order=True))
+                 for t in range(num_m * num_hb)]
+        sm90 = []
+        for z in range(num_hb // group):
+            for y in range(num_m):
+                for x in range(group):
+                    head, b = schedule.grouped_pair(x, z, group, heads)
+                    sm90.append((num_m - 1 - y, int(head), int(b)))
+        assert sm100 == sm90, (num_m, heads, batch, fit)
 
 
 def test_tile_scheduler_index_math():
-    """fa4gen.device.schedule.tile_coords (the SM100 forward's grouped longest-first order, modelled on the
-    SM90 one but grouped differently) visits every (m_block, head, batch) once, in the planned order."""
+    """fa4gen.device.schedule.tile_coords (the SM100 forward's grouped longest-first order) visits every
+    (m_block, head, batch) once, in the planned order, and with pow2_group's groups in the SM90 grid's order."""
 
     trace_in_kernel(_check_scheduler, "sm_100a")

@@ -245,3 +245,18 @@ def test_varlen_tiles_without_keys_run_one_masked_block(mask):
     else:
         assert "bw.key_blocks(bounds, TILE_N)" in code  # never empty either
     assert "cute.ceil_div(seqlen_k, TILE_N)\n" not in code
+
+
+def test_masked_sm100_groups_pairs_as_sm90_does():
+    """The SM100 longest-first order uses the SM90 forward's groups (pow2_group of the L2 fit), which makes
+    tile_coords walk the SM90 grid's launch order (tests/test_sm100_layouts.py); with the bare L2 fit the
+    groups differed (e.g. 10 against 8 pairs for deepseek_mla at s8k, a session-13 review)."""
+    from pathlib import Path
+
+    from fa4gen.builder import render_spec
+    from fa4gen.spec import load_spec
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "specs" / "deepseek_mla.yaml")
+    pkg, _, _ = render_spec(spec, "t")
+    code = pkg.files["fwd_sm100.py"]
+    assert "lpt_group = schedule.pow2_group(" in code and "longest_first_order=LONGEST_FIRST" in code

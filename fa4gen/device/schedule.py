@@ -20,11 +20,10 @@ def tile_coords(tile: Int32, num_m: Int32, num_heads: Int32, num_batch: Int32, g
                 longest_first_order: cutlass.Constexpr[bool]):
     """(m_block, head, batch) of linear work-tile index `tile`.
 
-    Longest-first (masked specs): `longest_first_grouped` over groups of `group` (head, batch) pairs
-    (`l2_group`) — modelled on the SM90 forward's launch order, which groups by `pow2_group` /
-    `grouped_pair` instead, so this order itself has run in no H200 kernel (SM100 only, never run).
-    Otherwise the query tiles of a (head, batch) are consecutive, so CTAs that run at the same time share
-    K/V in L2.
+    Longest-first (masked specs): `longest_first_grouped` over groups of `group` (head, batch) pairs;
+    with `group = pow2_group(pairs, l2_group(...))`, as the SM100 forward passes, that is exactly the order
+    the SM90 forward's grid launches its CTAs in (decoded there by `grouped_pair`). Otherwise the query
+    tiles of a (head, batch) are consecutive, so CTAs that run at the same time share K/V in L2.
     """
     m_block = tile % num_m
     hb = tile // num_m

@@ -206,10 +206,14 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
-            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together: the SM90 forward's
+            # groups (pow2_group of l2_group: a power of two dividing the pairs), so tile_coords walks the
+            # tiles in the order the H200-tested SM90 grid launches them (tests/test_sm100_layouts.py)
             lpt_group = Int32(1)
             if cutlass.const_expr(LONGEST_FIRST):
-                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                lpt_group = schedule.pow2_group(
+                    num_heads * num_batch, schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                )
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.wait_for_alloc()
@@ -337,10 +341,14 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
-            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together: the SM90 forward's
+            # groups (pow2_group of l2_group: a power of two dividing the pairs), so tile_coords walks the
+            # tiles in the order the H200-tested SM90 grid launches them (tests/test_sm100_layouts.py)
             lpt_group = Int32(1)
             if cutlass.const_expr(LONGEST_FIRST):
-                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                lpt_group = schedule.pow2_group(
+                    num_heads * num_batch, schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                )
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.wait_for_alloc()
@@ -426,10 +434,14 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
-            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together: the SM90 forward's
+            # groups (pow2_group of l2_group: a power of two dividing the pairs), so tile_coords walks the
+            # tiles in the order the H200-tested SM90 grid launches them (tests/test_sm100_layouts.py)
             lpt_group = Int32(1)
             if cutlass.const_expr(LONGEST_FIRST):
-                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                lpt_group = schedule.pow2_group(
+                    num_heads * num_batch, schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                )
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             tmem.allocate(TMEM_COLS)
@@ -515,10 +527,14 @@ class FlashFwdSm100:
             num_heads, num_batch = mQ.shape[2], mQ.shape[3]
             num_m = cute.ceil_div(seqlen_q, TILE_M)
             num_tiles = num_m * num_heads * num_batch
-            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together (schedule.l2_group)
+            # longest-first in groups of (head, batch) pairs whose K/V fit L2 together: the SM90 forward's
+            # groups (pow2_group of l2_group: a power of two dividing the pairs), so tile_coords walks the
+            # tiles in the order the H200-tested SM90 grid launches them (tests/test_sm100_layouts.py)
             lpt_group = Int32(1)
             if cutlass.const_expr(LONGEST_FIRST):
-                lpt_group = schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                lpt_group = schedule.pow2_group(
+                    num_heads * num_batch, schedule.l2_group(seqlen_k, (HEAD_DIM + HEAD_DIM_V) * DTYPE.width // 8)
+                )
             first_tile, _, _ = cute.arch.block_idx()
             tile_stride, _, _ = cute.arch.grid_dim()
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_TILES)
