@@ -115,7 +115,7 @@ SOURCES = [*SPEC_FILES, *sorted(EXTRA)]
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem if isinstance(s, Path) else s)
 def test_emulated_plan_is_within_the_error_budget(source):
-    from fa4gen.golden.variants import spec_mask_semantics
+    from fa4gen.reference import spec_mask_semantics
 
     plan = _plan(source)
     # the reference below takes its mask and softcap from the plan: they must be the spec's (a planner that

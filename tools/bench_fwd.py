@@ -233,6 +233,7 @@ def main():
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
             sc = args.softcap
+            fa4_kw = {"softcap": sc} if sc else {}  # flash-attn-4 computes the same softcap
             pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m, sc))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
@@ -257,7 +258,7 @@ def main():
                     impls.pop("cudnn"), impls.pop("sdpa_flash")
                     res.update(cudnn=None, sdpa_flash=None)
                 if fa4 is not None:
-                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **({"softcap": sc} if sc else {}))
+                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw)
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
                     if sc:
                         raise ValueError("SDPA has no softcap")
@@ -287,10 +288,9 @@ def main():
                     if det_pkg is not None:
                         bwd_impls["fa4gen_det"] = det_pkg.attention
                     if fa4 is not None:
-                        kw = {"softcap": sc} if sc else {}
-                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **kw))
+                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **fa4_kw))
                         if det_pkg is not None:  # the deterministic columns side by side
-                            bwd_impls["fa4_det"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, deterministic=True, **kw))
+                            bwd_impls["fa4_det"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, deterministic=True, **fa4_kw))
                     bwd_columns(res, bwd_impls, q, k, v, flops, args.repeats)
                 rows.append(res)
                 print(json.dumps(res), flush=True)

@@ -116,9 +116,11 @@ def compile_settings() -> dict[str, str]:
             if k.startswith("CUTE_DSL_") and not any(word in k[len("CUTE_DSL_"):] for word in skip)}
 
 
-def kernel_cache_key(source: str, cute_arch: str, helpers: Mapping[str, str] | None = None) -> str:
+def kernel_cache_key(source: str, cute_arch: str, used: Mapping[str, str] | None = None) -> str:
+    """The key of `source` for `cute_arch`; `used` = its helpers (used_helper_sources), read from disk when
+    not given."""
     return cache_key(
-        source=source, helper_sources=used_helper_sources(source, helpers), arch=cute_arch,
+        source=source, helper_sources=used_helper_sources(source) if used is None else used, arch=cute_arch,
         options={"options": COMPILE_OPTIONS, "env": compile_settings()},
     )
 
@@ -152,7 +154,8 @@ def compile_generated(
     """Compile (or load from `cache`) the kernel in `path` for the plan's arch."""
     source = Path(path).read_text()
     helpers, changed = _helpers_for_key()
-    stale = sorted(set(used_helper_sources(source, helpers)) & changed)
+    used = used_helper_sources(source, helpers)
+    stale = sorted(set(used) & changed)
     if stale and not set(stale) <= _WARNED_STALE:
         _WARNED_STALE.update(stale)
         warnings.warn(
@@ -160,7 +163,7 @@ def compile_generated(
             "kernels compiled now are not cached; restart the process to use the new helpers",
             FA4GenCacheWarning, stacklevel=2,
         )
-    key = kernel_cache_key(source, plan["cute_arch"], helpers)
+    key = kernel_cache_key(source, plan["cute_arch"], used)
 
     def build():
         # Imported only on a cache miss: a hit needs neither the module nor a trace.

@@ -73,7 +73,7 @@ def load_variant(path: Path) -> Variant:
 
 
 def _lock_problem(path: Path, lock: Any) -> str | None:
-    from fa4gen.reference import mask_semantics
+    from fa4gen.reference import mask_semantics, spec_mask_semantics
     from fa4gen.spec import spec_digest, spec_from_dict
 
     plans, files = lock.get("plans"), lock.get("files")
@@ -107,19 +107,6 @@ def _lock_problem(path: Path, lock: Any) -> str | None:
         if got != want:
             return f"plan {plan.get('module')!r} computes {got}, but the lock's spec asks for {want}"
     return None
-
-
-def spec_mask_semantics(spec) -> dict:
-    """mask_semantics' dict, from the spec itself (not a plan)."""
-    sem: dict[str, Any] = dict(softcap=float(spec.softcap))
-    mask = spec.mask
-    if mask.kind == "sliding_window":
-        sem["window"] = tuple(-1 if w is None else w for w in (mask.left, mask.right))
-    elif mask.kind == "chunked":
-        sem["chunk"] = mask.chunk_size
-    else:
-        sem["causal"] = mask.kind == "causal"
-    return sem
 
 
 def packages_under(root: Path) -> tuple[list[Variant], list[str]]:
@@ -185,4 +172,4 @@ def _package_of_spec(spec_path: Path, out: Path) -> Variant:
     return variant
 
 
-__all__ = ["LOCK", "SPEC_SUFFIXES", "Variant", "is_package", "load_variant", "packages_under", "resolve", "spec_mask_semantics"]
+__all__ = ["LOCK", "SPEC_SUFFIXES", "Variant", "is_package", "load_variant", "packages_under", "resolve"]

@@ -24,7 +24,7 @@ import torch
 
 __all__ = ["attention_ref", "attention_ref_grads", "attention_ref_varlen", "check_cu_seqlens_values", "check_seqused_values",
            "error_budget",
-           "mask_semantics", "visible"]
+           "mask_semantics", "spec_mask_semantics", "visible"]
 
 
 def visible(seqlen_q: int, seqlen_k: int, *, causal=False, window=None, chunk=None, device=None) -> torch.Tensor:
@@ -175,6 +175,20 @@ def error_budget(low: torch.Tensor, exact: torch.Tensor, *, atol: float = 1e-5) 
 
 def _get(plan: Any, key: str) -> Any:
     return plan[key] if isinstance(plan, Mapping) else getattr(plan, key)
+
+
+def spec_mask_semantics(spec: Any) -> dict:
+    """mask_semantics' dict (mask + softcap) from a resolved spec itself, not from a plan: what a plan's
+    mask fields must reproduce."""
+    sem: dict[str, Any] = dict(softcap=float(spec.softcap))
+    mask = spec.mask
+    if mask.kind == "sliding_window":
+        sem["window"] = tuple(-1 if w is None else w for w in (mask.left, mask.right))
+    elif mask.kind == "chunked":
+        sem["chunk"] = mask.chunk_size
+    else:
+        sem["causal"] = mask.kind == "causal"
+    return sem
 
 
 def mask_semantics(plan: Any, *, window=None, chunk_size=None) -> dict:
