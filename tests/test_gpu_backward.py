@@ -75,12 +75,12 @@ SPECS = {
 # every other head dim the planner accepts (multiples of 16), one spec each, masks alternating: the tile
 # and chunk choices per head dim run here (the 80-row dQᵀ tile at 112 once ran past K: caught on the CPU,
 # session 12; these variants have not run on the GPU before session 13)
-# (MHA above 128 at 160 and 224: dK/dV by stmatrix over d / 2 = 80 / 112 columns per warpgroup; 144, 176,
-# 208 and 240 without GQA are refused by the planner, their halves not being multiples of 16)
+# (MHA above 128: at 160 and 224 dK/dV by stmatrix over d / 2 = 80 / 112 columns per warpgroup; at 144 and
+# 208 value by value, their halves not being multiples of stmatrix's 16 columns: plan.dkv_elementwise)
 SPECS.update({
     f"gd_bf16_d{d}_{kind}{'_mha' if mha else ''}": dict(dtype="bf16", head_dim=d, mask={"kind": kind}, allow_gqa=not mha)
     for d, kind, mha in [(16, "none", 0), (32, "causal", 0), (48, "none", 0), (80, "causal", 0), (112, "none", 0),
-                         (144, "causal", 0), (160, "none", 1), (176, "causal", 0), (208, "none", 0),
+                         (144, "causal", 1), (160, "none", 1), (176, "causal", 0), (208, "none", 1),
                          (224, "causal", 1), (240, "none", 0)]
 })
 # session 13's coverage audit: plan combinations no GPU test had run (the S = Q·Kᵀ layout at d128 without

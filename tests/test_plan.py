@@ -549,13 +549,12 @@ def test_backward_swap_ab_choices_and_limits():
     assert bwd((128, None), none, {}, softcap=30.0).tile_m == 64  # 80 rows spilled with softcap
     assert bwd((128, None), none, {"bwd_swap_ab": True}, varlen=True).tile_m == 80
     assert (bwd((96, None), none, {}).swap_sdp, bwd((96, None), none, {}).tile_m) == (True, 64)
-    # without GQA above 128, dK/dV leave by 16-column stmatrix over each warpgroup's half of the head dim:
-    # 144/176/208/240 are refused (naming allow_gqa), 160/224 plan; GQA takes them all
+    # without GQA above 128, dK/dV leave by 16-column stmatrix over each warpgroup's half of the head dim,
+    # except at 144/176/208/240 (halves 72-120): there value by value (tests/test_dkv_store.py)
     for d in (144, 176, 208, 240):
-        err = _plan_error(_spec_dict(0, (d, None), "bf16", none, {}, backward=True, allow_gqa=False))
-        assert [p.location for p in err.problems] == ["allow_gqa"], d
-        assert bwd((d, None), none, {}, allow_gqa=True).tile_n == 64
-    assert bwd((160, None), none, {}, allow_gqa=False).tile_n == 64
+        assert (bwd((d, None), none, {}, allow_gqa=False).tile_n, bwd((d, None), none, {}, allow_gqa=False).dkv_elementwise) == (64, True), d
+        assert (bwd((d, None), none, {}, allow_gqa=True).tile_n, bwd((d, None), none, {}, allow_gqa=True).dkv_elementwise) == (64, False), d
+    assert not bwd((160, None), none, {}, allow_gqa=False).dkv_elementwise
     # the 80-row tile computes dQᵀ with 64 head-dim rows per warpgroup: head dim 128 only
     assert (bwd((112, None), none, {}).swap_sdp, bwd((112, None), none, {}).tile_m) == (True, 64)
     assert not bwd((128, None), none, {"bwd_swap_ab": False}).swap_sdp

@@ -258,16 +258,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "pipeline.bwd_swap_ab", f"Sᵀ in registers needs 64 key rows per warpgroup, i.e. head dims <= 128 "
             f"(got {d}/{dv})",
         ))
-    if not spec.allow_gqa and not dkv_t and tile_n == 64 and ((d // 2) % 16 or (dv // 2) % 16):
-        # without GQA, dK/dV go to shared memory by stmatrix, 16 columns at a time over each warpgroup's
-        # half of the head dim: at 144/176/208/240 the half (72/88/104/120) is not a multiple of 16 and the
-        # stores ran past the tile (CPU trace, session 12); the GQA path (fp32 accumulators) has no such
-        # constraint and serves MHA too
-        problems.append(problem(
-            "allow_gqa", f"the backward without GQA supports head dims whose half is a multiple of 16 above "
-            f"128 (160, 192, 224, 256); got {d}/{dv}: set allow_gqa: true (dK/dV through fp32 accumulators, "
-            f"MHA included)",
-        ))
+    # without GQA, dK/dV go to shared memory by stmatrix, 16 columns at a time over each warpgroup's half of
+    # the head dim: at 144/176/208/240 the half (72/88/104/120) is not a multiple of 16 (the stores ran past
+    # the tile, CPU trace, session 12), so there each value goes to its fragment coordinates instead, as
+    # the dKᵀ/dVᵀ tile's do (once per CTA)
+    dkv_ew = not spec.allow_gqa and not dkv_t and tile_n == 64 and bool((d // 2) % 16 or (dv // 2) % 16)
     # GQA dK/dV leave through the dQ buffers: a warpgroup's fp32 share (64 rows x d, or d/2 with tile_n 64)
     accum_bytes = 64 * max(d, dv) // (1 if tile_n == 128 else 2) * 4 if spec.allow_gqa else 0
     # dQ added from the consumers' registers by vector reductions (no hand-off buffer, no dQ warp): by
@@ -373,5 +368,6 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
         dkv_transposed=dkv_t,
+        dkv_elementwise=dkv_ew,
         smem_bytes=smem,
     )
