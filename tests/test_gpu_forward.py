@@ -7,6 +7,7 @@ with NaN before every call (passed as `out=`), and the LSE buffer is poisoned th
 allocator, so unwritten elements fail.
 """
 
+import contextlib
 import importlib
 import json
 import zlib
@@ -48,6 +49,8 @@ EXTRA = {
                                         mask={"kind": "chunked", "chunk_size": 96}),
     "x_fp16_d240_window": dict(dtype="fp16", head_dim=240, return_lse=True,
                                mask={"kind": "sliding_window", "left": 100, "right": 20}),
+    # the persistent forward (no mask, O in its own buffer) with GQA, softcap and head dim 96
+    "x_bf16_d96_none_gqa_softcap": dict(dtype="bf16", head_dim=96, softcap=30.0, allow_gqa=True, return_lse=True),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -113,19 +116,73 @@ def test_forward_matches_reference(name):
             lse = res[1] if want_lse else None
             torch.cuda.synchronize()
             sem = _semantics(lock, call_window, call_chunk)
-            ref, ref_lse = attention_ref(q, k, v, softcap=spec["softcap"], **sem)
-            low, _ = attention_ref(q, k, v, softcap=spec["softcap"], upcast=False, **sem)
-            err = (out.float() - ref).abs().max().item()
-            budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
-            where = f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs}"
-            assert not torch.isnan(out).any(), f"{where}: unwritten or NaN output"
-            assert err <= budget, f"{where}: max error {err:.3g} > budget {budget:.3g}"
-            if lse is not None:
-                assert torch.equal(lse.isinf(), ref_lse.isinf()), f"{where}: LSE -inf rows differ"
-                fin = ~ref_lse.isinf()
-                # fp32 statistics from the same inputs: differences come from ex2/lg2.approx (~2^-22
-                # relative) and summation order, far below 1e-3.
-                assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
+            _assert_matches(q, k, v, out, lse, spec["softcap"], sem, f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs}")
+
+
+@contextlib.contextmanager
+def _recording_launches(op):
+    """The modules the calls inside the block launch (op._functions also holds earlier tests' kernels)."""
+    launched = []
+    real = op.function
+    op.function = lambda plan, *a, **kw: launched.append(plan["module"]) or real(plan, *a, **kw)
+    try:
+        yield launched
+    finally:
+        del op.function
+
+
+def _assert_matches(q, k, v, out, lse, softcap, sem, where):
+    ref, ref_lse = attention_ref(q, k, v, softcap=softcap, **sem)
+    low, _ = attention_ref(q, k, v, softcap=softcap, upcast=False, **sem)
+    err = (out.float() - ref).abs().max().item()
+    budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
+    assert not torch.isnan(out).any(), f"{where}: unwritten or NaN output"
+    assert err <= budget, f"{where}: max error {err:.3g} > budget {budget:.3g}"
+    if lse is not None:
+        assert torch.equal(lse.isinf(), ref_lse.isinf()), f"{where}: LSE -inf rows differ"
+        fin = ~ref_lse.isinf()
+        # fp32 statistics from the same inputs: differences come from ex2/lg2.approx (~2^-22
+        # relative) and summation order, far below 1e-3.
+        assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
+
+
+@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap"])
+def test_persistent_forward_strides_over_many_tiles(name):
+    """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
+    runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
+    with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
+    query rows on run the one-CTA-per-tile twin (fwd_sm90_long)."""
+    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
+
+    pkg = _package(name)
+    op = pkg._forward
+    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
+    spec = lock["spec"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    d, dv = spec["head_dim"], spec["head_dim_v"]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
+    long_q = PERSISTENT_MAX_SEQLEN_Q
+    for b, s_q, s_k, h, h_kv in ((4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (2, long_q - 1, 300, 8, 1),
+                                 (1, long_q, 333, 4, 1)):
+        if not spec["allow_gqa"]:
+            h_kv = h
+        plan = op.forward_plan("sm90", s_q)
+        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", "grid")
+        assert (plan["module"], plan["scheduler"]) == want, (s_q, plan["module"], plan["scheduler"])
+        if s_q < long_q:
+            tiles = -(-s_q // plan["tile_m"]) * h * b
+            assert tiles > PERSISTENT_CTAS, (s_q, tiles)
+        q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+        out = torch.full((b, s_q, h, dv), float("nan"), device="cuda", dtype=dtype)
+        _poisoned_empty_lse((b, h, s_q))
+        with _recording_launches(op) as launched:
+            res = pkg.attention(q, k, v, out=out, return_lse=spec["return_lse"])
+        torch.cuda.synchronize()
+        assert launched == [want[0]], launched
+        lse = res[1] if spec["return_lse"] else None
+        _assert_matches(q, k, v, out, lse, spec["softcap"], dict(causal=False), f"{name} shape={(b, s_q, s_k, h, h_kv)}")
 
 
 @pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16)])
@@ -147,18 +204,8 @@ def test_long_calls_run_the_192_row_kernel(name, dtype):
         v = torch.randn(1, s_k, 2, 64, device="cuda", dtype=dtype, generator=gen)
         out = torch.full_like(q, float("nan"))
         assert op.forward_plan("sm90", s_q)["module"] == module
-        launched = []  # the module this very call launches (op._functions also holds earlier tests' kernels)
-        real = op.function
-        op.function = lambda plan, *a, **kw: launched.append(plan["module"]) or real(plan, *a, **kw)
-        try:
+        with _recording_launches(op) as launched:
             pkg.attention(q, k, v, out=out)
-        finally:
-            del op.function
         torch.cuda.synchronize()
         assert launched == [module], launched
-        ref, _ = attention_ref(q, k, v, softcap=softcap, **sem)
-        low, _ = attention_ref(q, k, v, softcap=softcap, upcast=False, **sem)
-        err = (out.float() - ref).abs().max().item()
-        budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
-        assert not torch.isnan(out).any(), f"{name} {module} s_q={s_q} s_k={s_k}: unwritten output"
-        assert err <= budget, f"{name} {module} s_q={s_q} s_k={s_k}: max error {err:.3g} > budget {budget:.3g}"
+        _assert_matches(q, k, v, out, None, softcap, sem, f"{name} {module} s_q={s_q} s_k={s_k}")

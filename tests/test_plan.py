@@ -149,6 +149,8 @@ def test_resource_invariants(spec):
         assert smem.limit == SMEM_LIMIT_SM90 and smem.unit == "bytes"
         e = ELEM_BYTES[plan.dtype]
         tiles = plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
+        if plan.scheduler == "persistent":
+            tiles += plan.tile_m * plan.head_dim_v * e  # O's own buffer
         assert tiles <= smem.used <= tiles + 1024, "smem budget must count the Q and K/V tiles (+ barriers)"
         assert smem.used <= smem.limit
         # register file: producer + consumer warpgroups under setmaxnreg
@@ -394,7 +396,8 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
         spec = spec_from_dict(_spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, extra))
         assert [p.module for p in plan_kernels(spec, "sm90") if p.direction == "fwd"] == ["fwd_sm90"]
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}))
-    assert [(p.module, p.tile_m) for p in plan_kernels(spec, "sm90")] == [("fwd_sm90", 192)]
+    assert [(p.module, p.tile_m, p.scheduler) for p in plan_kernels(spec, "sm90")] == [
+        ("fwd_sm90", 192, "persistent"), ("fwd_sm90_long", 192, "grid")]  # no mask: see the persistent test
 
 
 def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
@@ -580,6 +583,39 @@ def test_forward_192_128_takes_128_keys():
         assert p.tile_n == 128 and p.smem_bytes <= 232448, mask
     assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 112
     assert plan_kernels(spec_from_dict(_spec_dict(0, (192, None), "bf16", {"kind": "none"}, {})), "sm90")[0].tile_n == 112
+
+
+def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
+    """Without a mask and not packed, the forward is persistent when Q, the K/V stages and a separate O
+    buffer fit shared memory (head dims 64-128 at the auto tiles), with a one-CTA-per-tile twin for long
+    calls; d256 and (192, 128) stay one CTA per tile (their O must reuse Q's buffer), masked specs keep
+    longest-first, varlen the packed grid."""
+    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q
+
+    def fwd(hd, mask, pipeline=None, **kw):
+        return plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline or {}, **kw)), "sm90")[0]
+
+    none = {"kind": "none"}
+    for hd in ((64, None), (96, None), (128, None)):
+        p = fwd(hd, none)
+        assert (p.scheduler, p.persistent_ctas) == ("persistent", 132), hd
+        d, e = hd[0], 2
+        buffers = 2 * p.tile_m * d * e + p.kv_stages * p.tile_n * 2 * d * e  # Q, O, K/V stages
+        assert buffers <= _budget(p, "shared memory").used <= min(buffers + 1024, SMEM_LIMIT_SM90), hd
+        # long calls: the same tiles, one CTA per tile, from PERSISTENT_MAX_SEQLEN_Q on
+        plans = plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")
+        assert [(q.module, q.scheduler, q.min_seqlen_q) for q in plans] == [
+            ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", PERSISTENT_MAX_SEQLEN_Q)]
+        same = {f.name for f in dataclasses.fields(KernelPlan)} - {
+            "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q"}
+        assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
+        assert any("dispatch" in n for n in plans[1].notes)
+    for hd in ((256, None), (192, 128)):
+        assert (fwd(hd, none).scheduler, fwd(hd, none).persistent_ctas) == ("grid", 0), hd
+        assert len(plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")) == 1
+    assert fwd((128, None), none, {"kv_stages": 3}).scheduler == "grid"  # 3 stages + O: 224 KB + 32 KB
+    assert fwd((128, None), {"kind": "causal"}).scheduler == "grid_lpt"
+    assert fwd((128, None), none, varlen=True).scheduler == "grid"
 
 
 def test_backward_192_128_deterministic_takes_128_query_rows():

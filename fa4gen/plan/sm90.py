@@ -23,6 +23,7 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
+PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the persistent grid's size (any count is correct, only slower)
 
 
 def _auto_tile_n(head_dim: int) -> int:
@@ -45,7 +46,7 @@ def _three_warpgroups_fit(spec: AttentionSpec, regs: int) -> bool:
     return max(spec.head_dim, spec.head_dim_v) <= 64 and regs <= REGS_CONSUMER[3]
 
 
-def plan_forward(spec: AttentionSpec) -> KernelPlan:
+def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> KernelPlan:
     problems = []
     p = spec.pipeline
     # auto: three consumer warpgroups (tile_m 192) for head dims <= 64 without a mask, two (128)
@@ -92,6 +93,11 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         + kv_stages * tile_n * (spec.head_dim + spec.head_dim_v) * elem
         + (1 + 2 * kv_stages) * 2 * 8
     )
+    # without a mask (and not packed), one CTA per SM strides over the query tiles when O fits a buffer of
+    # its own: the next tile's Q and K/V then load while this tile finishes, instead of after the CTA exits
+    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m)
+    if persistent:
+        smem += tile_m * spec.head_dim_v * elem
     reg_file = 128 * regs_producer + 128 * num_wg * regs_consumer
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
@@ -126,9 +132,14 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
     if long_kernel:
         notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead")
+    if persistent:
+        notes.append(f"calls with seqlen_q >= {PERSISTENT_MAX_SEQLEN_Q} run fwd_sm90_long instead (one CTA per tile)")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
+    if persistent:
+        notes.append(f"scheduler: persistent, {PERSISTENT_CTAS} CTAs striding over the query tiles (O in a buffer of "
+                     "its own, so the next tile's loads overlap this tile's last P·V and epilogue)")
     if spec.varlen:
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
                      "sequences); per-sequence bounded TMA views, so loads past a sequence read zeros and stores "
@@ -144,7 +155,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         regs_consumer=regs_consumer,
         ping_pong=ping_pong,
         intra_wg_overlap=overlap,
-        scheduler="grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
+        scheduler="grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "persistent" if persistent else "grid",
+        persistent_ctas=PERSISTENT_CTAS if persistent else 0,
         **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),
@@ -158,13 +170,30 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
 LONG_SEQLEN_Q = 2048
 
 
+# The persistent forward (no mask) runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
+# runs the same tiles as one CTA per tile (fwd_sm90_long). H200, same-run A/B against one CTA per tile (docs/PERF.md,
+# session 14): +14-17% at 512, +6-8% at 1k, +2-3% at 2k; at 4k d64 +2.5% but d128 -3%, at 16k -0.2 to -0.3%.
+PERSISTENT_MAX_SEQLEN_Q = 4096
+
+
+def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int) -> bool:
+    return spec.mask.kind == "none" and not spec.varlen and smem + tile_m * spec.head_dim_v * 2 <= SMEM_BUDGET
+
+
 def _has_long_kernel(spec: AttentionSpec) -> bool:
     return (spec.pipeline.tile_m == "auto" and spec.mask.kind != "none"
             and _three_warpgroups_fit(spec, _tile_n_and_regs(spec)[1]))
 
 
 def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
-    """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls), else None."""
+    """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls) or with a persistent
+    default forward (one CTA per tile, for long calls), else None."""
+    default = plan_forward(spec)
+    if default.scheduler == "persistent":
+        plan = plan_forward(spec, allow_persistent=False)
+        note = (f"dispatch: the API runs this one-CTA-per-tile kernel for calls with seqlen_q >= "
+                f"{PERSISTENT_MAX_SEQLEN_Q}, the persistent fwd_sm90 below")
+        return replace(plan, module="fwd_sm90_long", min_seqlen_q=PERSISTENT_MAX_SEQLEN_Q, notes=(*plan.notes, note))
     if not _has_long_kernel(spec):
         return None
     p = spec.pipeline
