@@ -167,17 +167,19 @@ def test_a_crashing_backward_check_is_a_failed_row(fast_checks, monkeypatch):
 
     monkeypatch.setattr(golden_runner, "backward_numerics", boom)
     results = run_variant(load_variant(GENERATED / "vit_encoder"), gpu=True)
-    assert [(r.check, r.status) for r in results] == [("kernel vs reference", "pass"), ("bwd kernel numerics", "FAIL")]
-    assert results[1].detail == "RuntimeError: backward exploded"
+    # (vit_encoder has two forwards: the persistent one and its one-CTA-per-tile twin for long calls)
+    assert [(r.check, r.status) for r in results] == [("kernel vs reference", "pass")] * 2 + [("bwd kernel numerics", "FAIL")]
+    assert results[-1].detail == "RuntimeError: backward exploded"
 
 
 def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch):
     monkeypatch.setattr(golden_runner, "emulator_vs_reference", _fake_check("FAIL"))
     result = _invoke(str(GENERATED / "llama3_8b"), str(GENERATED / "vit_encoder"))
     assert result.exit_code == 1
-    assert result.stdout.count(" FAIL ") == 2
-    # passed: the forward's and the backward's compile + SASS of each variant
-    assert "4 passed, 2 failed, 0 skipped" in result.stdout
+    # failed: the emulator row of each forward (llama3_8b one, vit_encoder two: persistent + its long-call twin)
+    assert result.stdout.count(" FAIL ") == 3
+    # passed: every kernel's compile + SASS (llama3_8b fwd + bwd, vit_encoder 2 fwd + bwd)
+    assert "5 passed, 3 failed, 0 skipped" in result.stdout
 
 
 def test_a_crashing_check_is_a_failed_row_not_a_crash(fast_checks, monkeypatch):
@@ -198,8 +200,10 @@ def test_a_plan_with_a_bad_algorithm_fails_the_emulator_check(tmp_path, monkeypa
     pkg = tmp_path / "vit_copy"
     shutil.copytree(GENERATED / "vit_encoder", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     lock = json.loads((pkg / "spec.lock.json").read_text())
-    (fwd,) = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]
-    fwd.update(poly_every=1, poly_coeffs=[1.0, 0.9218067623528994])
+    fwds = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]
+    assert len(fwds) == 2  # the persistent forward and its long-call twin
+    for fwd in fwds:
+        fwd.update(poly_every=1, poly_coeffs=[1.0, 0.9218067623528994])
     (pkg / "spec.lock.json").write_text(json.dumps(lock))
     result = _invoke(str(pkg))
     assert result.exit_code == 1
@@ -418,4 +422,4 @@ def test_every_unbuilt_spec_of_a_folder_is_named(tmp_path):
 def test_cpu_summary_says_which_numerics_did_not_run(fast_checks):
     result = _invoke("--cpu", str(GENERATED / "vit_encoder"))
     assert result.exit_code == 0
-    assert result.stdout.splitlines()[-1].endswith("kernel numerics of 2 kernel(s) not run (no Hopper GPU used)")
+    assert result.stdout.splitlines()[-1].endswith("kernel numerics of 3 kernel(s) not run (no Hopper GPU used)")

@@ -225,8 +225,12 @@ def test_variant_text_matches_features(mask, softcap, ping_pong, share, return_l
         "softcap": softcap, "return_lse": return_lse,
         "pipeline": {"ping_pong": ping_pong, "poly_exp": {"share": share}},
     })
-    pkg, (plan,), _ = render_spec(spec, "specs/variant.yaml")
+    pkg, (plan, *long), _ = render_spec(spec, "specs/variant.yaml")
     kernel, api = pkg.files["fwd_sm90.py"], pkg.files["__init__.py"]
+    # without a mask the default forward is persistent, with a one-CTA-per-tile twin for long calls
+    assert ("PERSISTENT_CTAS" in kernel) == (mask == "none") == (plan.scheduler == "persistent")
+    assert [p.module for p in long] == (["fwd_sm90_long"] if mask == "none" else [])
+    assert ("fwd_sm90_long.py" in pkg.files) == (mask == "none")
     for text in (kernel, api):
         ast.parse(text)
     has_mask = mask != "none"
@@ -259,17 +263,18 @@ def test_committed_maskless_variant_has_no_mask_code(name):
 def test_intra_wg_overlap_switch(overlap):
     spec = spec_from_dict({"name": "ov", "targets": ["sm90"], "dtype": "bf16", "head_dim": 128,
                            "pipeline": {"intra_wg_overlap": overlap}})
-    pkg, (plan,), _ = render_spec(spec, "specs/ov.yaml")
-    kernel = pkg.files["fwd_sm90.py"]
-    ast.parse(kernel)
-    assert plan.intra_wg_overlap is overlap
-    # Unmasked spec: the first (ragged) key block has its own copy of the block body, the rest run
-    # mask-free; the overlapped loop also peels the last P·V, so both layouts hold two copies of each.
-    copies = 2
-    assert kernel.count("softmax.online_softmax_step(") == copies
-    assert kernel.count("cute.gemm(tiled_mma_qk") == copies and kernel.count("cute.gemm(tiled_mma_pv") == copies
-    assert kernel.count("softmax.mask_columns(") == 1
-    assert ("warpgroup.wait_group(1)" in kernel) == overlap
+    pkg, (plan, long), _ = render_spec(spec, "specs/ov.yaml")
+    for module in ("fwd_sm90.py", "fwd_sm90_long.py"):  # persistent (short calls) and one CTA per tile
+        kernel = pkg.files[module]
+        ast.parse(kernel)
+        # Unmasked spec: the first (ragged) key block has its own copy of the block body, the rest run
+        # mask-free; the overlapped loop also peels the last P·V, so both layouts hold two copies of each.
+        copies = 2
+        assert kernel.count("softmax.online_softmax_step(") == copies
+        assert kernel.count("cute.gemm(tiled_mma_qk") == copies and kernel.count("cute.gemm(tiled_mma_pv") == copies
+        assert kernel.count("softmax.mask_columns(") == 1
+        assert ("warpgroup.wait_group(1)" in kernel) == overlap
+    assert plan.intra_wg_overlap is overlap and long.intra_wg_overlap is overlap
 
 
 def test_committed_poly_exp_spec():
