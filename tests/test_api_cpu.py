@@ -144,6 +144,26 @@ def test_forward_kernel_is_picked_by_seqlen_q():
     # one forward: every seqlen runs it
     single = _package("llama3_8b")._forward
     assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
+    # the SM count does not matter to one-CTA-per-tile forwards
+    assert op.forward_plan("sm90", 1, 78)["module"] == single.forward_plan("sm90", 1, 78)["module"] == "fwd_sm90"
+
+
+def test_persistent_forward_runs_only_where_its_grid_fits_the_gpu():
+    """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q query rows on a GPU with at least
+    its 132 SMs; its one-CTA-per-tile twin from there on, and at every length on a GPU with fewer SMs (an H100
+    PCIe's 114, an H20's 78), where the CTAs past the SM count would wait for the first ones' whole tile lists."""
+    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
+
+    op = _package("vit_encoder")._forward
+    pick = lambda s, sms=None: (op.forward_plan("sm90", s, sms)["module"], op.forward_plan("sm90", s, sms)["scheduler"])  # noqa: E731
+    short, long = ("fwd_sm90", "persistent"), ("fwd_sm90_long", "grid")
+    assert op.plans["sm90"]["persistent_ctas"] == PERSISTENT_CTAS
+    for sms in (None, PERSISTENT_CTAS, 144):
+        assert [pick(s, sms) for s in (1, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [short, short, long]
+    for sms in (78, 114, PERSISTENT_CTAS - 1):
+        assert [pick(s, sms) for s in (1, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [long, long, long]
+    with op.pinned("fwd_sm90"):  # golden checks run each kernel whatever the GPU
+        assert pick(1, 78) == short
 
 
 # --- fa4gen.build --------------------------------------------------------------------------------

@@ -51,6 +51,9 @@ EXTRA = {
                                mask={"kind": "sliding_window", "left": 100, "right": 20}),
     # the persistent forward (no mask, O in its own buffer) with GQA, softcap and head dim 96
     "x_bf16_d96_none_gqa_softcap": dict(dtype="bf16", head_dim=96, softcap=30.0, allow_gqa=True, return_lse=True),
+    # ... with both switches off (the plain loop releases Q after its last P·V), 128 rows, 160 keys per block
+    "x_bf16_d64_none_plain": dict(dtype="bf16", head_dim=64, return_lse=True,
+                                  pipeline={"ping_pong": False, "intra_wg_overlap": False, "tile_m": 128, "tile_n": 160}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -146,7 +149,7 @@ def _assert_matches(q, k, v, out, lse, softcap, sem, where):
         assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
 
 
-@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap"])
+@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap", "x_bf16_d64_none_plain"])
 def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),

@@ -610,9 +610,14 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
             "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q"}
         assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
         assert any("dispatch" in n for n in plans[1].notes)
-    for hd in ((256, None), (192, 128)):
+    # d256 and (192, 128): O has no room of its own; 144/160: room, but not run persistent on a GPU yet
+    for hd in ((256, None), (192, 128), (144, None), (160, None)):
         assert (fwd(hd, none).scheduler, fwd(hd, none).persistent_ctas) == ("grid", 0), hd
         assert len(plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")) == 1
+    # hand-set key blocks of 192: the tile loop's state spilled (CPU sweep), so one CTA per tile
+    assert fwd((128, None), none, {"tile_n": 192, "kv_stages": 1}).scheduler == "grid"
+    assert fwd((64, None), none, {"tile_n": 192, "tile_m": 128}).scheduler == "grid"
+    assert fwd((64, None), none, {"tile_n": 160, "tile_m": 128}).scheduler == "persistent"
     assert fwd((128, None), none, {"kv_stages": 3}).scheduler == "grid"  # 3 stages + O: 224 KB + 32 KB
     assert fwd((128, None), {"kind": "causal"}).scheduler == "grid_lpt"
     assert fwd((128, None), none, varlen=True).scheduler == "grid"

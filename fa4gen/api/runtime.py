@@ -283,6 +283,7 @@ class ForwardOp:
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[tuple[str, str], Any] = {}
         self._arch_by_device: dict[int | None, str] = {}
+        self._sm_count_by_device: dict[int | None, int] = {}
         self._lock = threading.Lock()
 
     # -- compile / load -------------------------------------------------------------------
@@ -305,15 +306,27 @@ class ForwardOp:
             RuntimeError,
         )
 
-    def forward_plan(self, arch: str, seqlen_q: int) -> dict:
+    def forward_plan(self, arch: str, seqlen_q: int, sm_count: int | None = None) -> dict:
         """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
-        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides."""
+        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides. A persistent forward
+        launches `persistent_ctas` CTAs (the SM count of an H100/H200 SXM): on a GPU with fewer SMs
+        (`sm_count`: an H100 PCIe, an H20, a MIG slice) the CTAs past its SM count would start only when
+        the first ones finished all their tiles, so such a GPU runs the one-CTA-per-tile twin instead."""
         if self._pinned is not None:
             return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
             if seqlen_q >= plan["min_seqlen_q"]:
                 return plan
-        return self.plans[arch]
+        plan = self.plans[arch]
+        if plan["scheduler"] == "persistent" and sm_count is not None and sm_count < plan["persistent_ctas"]:
+            return next((p for p in self.long_plans[arch] if p["scheduler"] != "persistent"), plan)
+        return plan
+
+    def sm_count(self, device: torch.device) -> int:
+        count = self._sm_count_by_device.get(device.index)
+        if count is None:
+            count = self._sm_count_by_device[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+        return count
 
     @contextlib.contextmanager
     def pinned(self, module: str):
@@ -436,7 +449,8 @@ class ForwardOp:
         caller discards the LSE, so the kernel writes it into the device's scratch buffer."""
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
-        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q)
+        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q,
+                                 self.sm_count(q.device))
         if out is None:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)

@@ -95,7 +95,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     )
     # without a mask (and not packed), one CTA per SM strides over the query tiles when O fits a buffer of
     # its own: the next tile's Q and K/V then load while this tile finishes, instead of after the CTA exits
-    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m)
+    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n)
     if persistent:
         smem += tile_m * spec.head_dim_v * elem
     reg_file = 128 * regs_producer + 128 * num_wg * regs_consumer
@@ -172,12 +172,21 @@ LONG_SEQLEN_Q = 2048
 
 # The persistent forward (no mask) runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
 # runs the same tiles as one CTA per tile (fwd_sm90_long). H200, same-run A/B against one CTA per tile (docs/PERF.md,
-# session 14): +14-17% at 512, +6-8% at 1k, +2-3% at 2k; at 4k d64 +2.5% but d128 -3%, at 16k -0.2 to -0.3%.
+# session 14): +14-16% at 512, +5-8% at 1k, +2-4% at 2k; at 4k d64 +2.5% but d128 -3%, at 16k -0.2 to -0.3%.
 PERSISTENT_MAX_SEQLEN_Q = 4096
 
 
-def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int) -> bool:
-    return spec.mask.kind == "none" and not spec.varlen and smem + tile_m * spec.head_dim_v * 2 <= SMEM_BUDGET
+# Where the persistent forward is planned: head dims it ran on the H200 (64/96/128; 144/160 would fit its shared
+# memory but have not run persistent on a GPU), and key blocks of at most 160 (a CPU spill sweep of hand-set tiles,
+# session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid twin none).
+PERSISTENT_MAX_HEAD_DIM = 128
+PERSISTENT_MAX_TILE_N = 160
+
+
+def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int) -> bool:
+    return (spec.mask.kind == "none" and not spec.varlen
+            and max(spec.head_dim, spec.head_dim_v) <= PERSISTENT_MAX_HEAD_DIM and tile_n <= PERSISTENT_MAX_TILE_N
+            and smem + tile_m * spec.head_dim_v * 2 <= SMEM_BUDGET)
 
 
 def _has_long_kernel(spec: AttentionSpec) -> bool:
