@@ -322,7 +322,10 @@ class ForwardOp:
             return next((p for p in self.long_plans[arch] if p["scheduler"] != "persistent"), plan)
         return plan
 
-    def sm_count(self, device: torch.device) -> int:
+    def sm_count(self, device: torch.device) -> int | None:
+        """The device's SM count (cached per device); None off CUDA (the CPU tests' stand-in launches)."""
+        if device.type != "cuda":
+            return None
         count = self._sm_count_by_device.get(device.index)
         if count is None:
             count = self._sm_count_by_device[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
