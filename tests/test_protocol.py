@@ -51,9 +51,10 @@ SM100_PLANS = [
         [{}, {"ping_pong": False}, {"kv_stages": 2}],
     )
 ]
-SM90_PLANS = [
-    plan_kernels(_spec((hd, None), {"kind": "causal"}, dict(p, **{"tile_m": tm}), ("sm90",)), "sm90")[0]
-    for hd, tm, p in itertools.product(
+SM90_PLANS = [  # (without a mask: the persistent forward where it fits)
+    plan_kernels(_spec((hd, None), {"kind": kind}, dict(p, **{"tile_m": tm}), ("sm90",)), "sm90")[0]
+    for kind, hd, tm, p in itertools.product(
+        ["causal", "none"],
         [64, 128],
         [128, 192],
         [{"ping_pong": pp, "intra_wg_overlap": ov, "kv_stages": st}
@@ -89,16 +90,24 @@ def test_sm100_protocol_holds(plan):
 def test_sm90_protocol_holds(plan):
     runs = protocol.check_sm90(plan, runs=40, max_blocks=6, seed=2)
     assert len(runs) == 40
-    # every run drove its key blocks through the K and V pipelines (check_sm90 draws each run's block count
-    # from random.Random(seed); a model that ran no block passed before, session 13 review): Q once, then
-    # one K and one V load per block, each completing its stage's full barrier once
+    # every run drove its key blocks through the K and V pipelines (check_sm90 draws each run's block counts
+    # from random.Random(seed); a model that ran no block passed before, session 13 review): Q once per tile,
+    # then one K and one V load per block, each completing its stage's full barrier once. A persistent plan's
+    # runs hold 1-4 tiles (the tile count drawn after the first tile's blocks)
     rng = random.Random(2)
-    blocks = [rng.randint(0, 6) for _ in range(40)]
-    assert max(blocks) == 6
-    for run, n in zip(runs, blocks):
-        assert run.tma_copies == 1 + 2 * n
+    draws = []
+    for _ in range(40):
+        tiles = [rng.randint(0, 6)]
+        if plan.scheduler == "persistent":
+            tiles += [rng.randint(0, 6) for _ in range(rng.randint(1, 4) - 1)]
+        draws.append(tiles)
+    assert max(max(t) for t in draws) == 6
+    assert (max(len(t) for t in draws) > 1) == (plan.scheduler == "persistent")
+    for run, tiles in zip(runs, draws):
+        assert run.tma_copies == len(tiles) + 2 * sum(tiles)
+        assert run.completions["q.full[0]"] == len(tiles)
         for pipe in ("k", "v"):
-            assert sum(v for key, v in run.completions.items() if key.startswith(f"{pipe}.full")) == n
+            assert sum(v for key, v in run.completions.items() if key.startswith(f"{pipe}.full")) == sum(tiles)
 
 
 def test_backward_plans_are_refused_not_passed():
@@ -268,19 +277,27 @@ def test_sm100_roles_use_the_pipelines_the_model_checks():
         assert _text_calls(sections[role]) == model[role], role
 
 
-def test_sm90_roles_use_the_pipelines_the_model_checks():
-    spec = load_spec(ROOT / "specs" / "llama3_8b.yaml")  # backward: true; its backward is not modelled
+@pytest.mark.parametrize("name", ["llama3_8b", "vit_encoder"])
+def test_sm90_roles_use_the_pipelines_the_model_checks(name):
+    """Each forward module of the spec (llama3_8b: one CTA per tile; vit_encoder: the persistent forward and
+    its one-CTA-per-tile twin) calls the pipeline methods, and names the barriers, that the model runs."""
+    spec = load_spec(ROOT / "specs" / f"{name}.yaml")  # backward: true; its backward is not modelled
     pkg, plans, _ = render_spec(spec, "test")
-    (plan,) = [p for p in plans if p.direction == "fwd"]
-    text = pkg.files[f"{plan.module}.py"]
-    sections = _sections(text, {"producer": "# Load role", "consumer": "# MMA role"})
-    model = _model_calls(protocol.sm90_programs(plan, 3))
-    assert _text_calls(sections["producer"]) == model["producer"]
-    # the consumer never releases Q (one tile per CTA): the model does not either
-    assert _text_calls(sections["consumer"]) == model["consumer"]
-    for b in protocol.sm90_named_barriers(plan):
-        if b.name.startswith("pingpong"):
-            assert "PINGPONG_BARRIER" in text
+    fwds = [p for p in plans if p.direction == "fwd"]
+    assert [p.scheduler == "persistent" for p in fwds] == ([True, False] if name == "vit_encoder" else [False])
+    for plan in fwds:
+        text = pkg.files[f"{plan.module}.py"]
+        sections = _sections(text, {"producer": "# Load role", "consumer": "# MMA role"})
+        model = _model_calls(protocol.sm90_programs(plan, [3, 2] if plan.scheduler == "persistent" else 3))
+        assert _text_calls(sections["producer"]) == model["producer"]
+        # one CTA per tile, the consumer never releases Q: the model does not either; persistent, both do
+        assert (("q", "consumer_release") in model["consumer"]) == (plan.scheduler == "persistent")
+        assert _text_calls(sections["consumer"]) == model["consumer"]
+        for b in protocol.sm90_named_barriers(plan):
+            if b.name.startswith("pingpong"):
+                assert "PINGPONG_BARRIER" in text
+            if b.name == "o_stored":
+                assert f"O_STORED_BARRIER = {b.barrier_id}" in text and "barrier_id=O_STORED_BARRIER" in text
 
 
 # --- two_cta: the CTA pair's cross-CTA arrivals ------------------------------------------------------
@@ -339,3 +356,71 @@ def test_sm100_two_cta_barrier_setup_is_generated_from_the_plan():
     model = _model_calls({k: v for k, v in protocol.sm100_programs(plan, [2, 3]).items() if protocol.PEER not in k})
     for role in ("load", "mma", "softmax", "correction"):
         assert _text_calls(sections[role]) == {(pipe.replace(protocol.PEER, ""), m) for pipe, m in model[role]}, role
+
+
+# --- the persistent SM90 forward (one CTA over several tiles) --------------------------------------
+
+PERSISTENT_SM90 = [p for p in SM90_PLANS if p.scheduler == "persistent"]
+
+
+def _persistent_fails(plan, edit, tiles=(3, 2, 3), seeds=range(30)):
+    """How many of `seeds` runs of `plan` over `tiles` raise once `edit(role, op)` rewrites its ops (an op,
+    or None to drop it); the error messages."""
+    model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+    errors = []
+    for seed in seeds:
+        programs = protocol.sm90_programs(plan, list(tiles))
+
+        def rewrite(role, inner):
+            for op in inner:
+                op = edit(role, op)
+                if op is not None:
+                    yield op
+
+        programs = {role: rewrite(role, inner) for role, inner in programs.items()}
+        try:
+            model.run(programs, seed=seed)
+        except ProtocolError as err:
+            errors.append(str(err))
+    return errors
+
+
+def test_persistent_sm90_plans_are_modelled_over_several_tiles():
+    assert len(PERSISTENT_SM90) >= 16  # every switch combination without a mask
+    assert {(p.ping_pong, p.intra_wg_overlap) for p in PERSISTENT_SM90} == {(a, b) for a in (True, False) for b in (True, False)}
+    assert any(p.num_mma_warpgroups == 3 for p in PERSISTENT_SM90)
+    for plan in PERSISTENT_SM90:
+        assert not _persistent_fails(plan, lambda role, op: op, seeds=range(5))
+    with pytest.raises(ValueError, match="one tile per CTA"):
+        protocol.sm90_programs(next(p for p in SM90_PLANS if p.scheduler != "persistent"), [2, 2])
+
+
+def test_persistent_sm90_o_store_read_must_be_waited_for():
+    """Without the storing warp's wait for its previous TMA store, the next tile's O overwrites sO while the
+    store still reads it."""
+    plan = PERSISTENT_SM90[0]
+    # (tiles without key blocks: the next tile's epilogue follows the store within a few steps)
+    errors = _persistent_fails(plan, lambda role, op: None if op.kind == "store_wait" else op, tiles=(0,) * 6,
+                               seeds=range(200))
+    assert errors and all("while a TMA store still reads it" in e for e in errors)
+
+
+def test_persistent_sm90_q_must_be_released_per_tile():
+    """A consumer that keeps Q's buffer (as the one-CTA-per-tile kernel may) deadlocks the next tile's Q load."""
+    plan = PERSISTENT_SM90[0]
+    errors = _persistent_fails(plan, lambda role, op: None if op.kind == "release" and op.pipe == "q" else op, seeds=range(3))
+    assert len(errors) == 3 and all("deadlock" in e for e in errors)
+
+
+def test_persistent_sm90_o_stored_barrier_needs_its_own_id():
+    """With "O is in smem" on the epilogue barrier's id, a warpgroup that only arrives there runs into the next
+    tile and its arrival counts towards the wrong use of the barrier: some interleaving breaks (without
+    ping-pong, which would otherwise hold that warpgroup back in the next tile)."""
+    caught = 0
+    for plan in [p for p in PERSISTENT_SM90 if not p.ping_pong][:4]:
+        errors = _persistent_fails(plan, lambda role, op: dataclasses.replace(op, stage=protocol.SM90_EPILOGUE_BARRIER)
+                                   if op.kind in ("bar_sync", "bar_arrive") and op.stage == protocol.SM90_O_STORED_BARRIER
+                                   else op, tiles=(0,) * 6, seeds=range(100))
+        assert all("reads sO" in e or "named barrier" in e for e in errors)
+        caught += len(errors)
+    assert caught

@@ -696,6 +696,7 @@ def sm100_programs(plan, tiles: list[int]) -> dict[str, Iterator[Op]]:
 
 SM90_EPILOGUE_BARRIER = 1
 SM90_PINGPONG_BARRIER = 2
+SM90_O_STORED_BARRIER = 5  # persistent forward: "O is in shared memory" (the storing warp waits, the rest arrive)
 
 
 def sm90_pipelines(plan):
@@ -721,6 +722,8 @@ def sm90_named_barriers(plan):
     if plan.ping_pong:
         out += [NamedBarrierSpec(f"pingpong{c}", SM90_PINGPONG_BARRIER + c, 256, f"warpgroup {c}'s turn")
                 for c in range(wgs)]
+    if plan.scheduler == "persistent":
+        out.append(NamedBarrierSpec("o_stored", SM90_O_STORED_BARRIER, 128 * wgs, "O in its own smem buffer"))
     return tuple(out)
 
 
@@ -732,38 +735,61 @@ def forward_only(plan) -> None:
         raise ValueError(f"{plan.name} [{plan.arch} {direction}]: the protocol model covers forward kernels only")
 
 
-def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
-    """One SM90 CTA (one query tile, `n_blocks` key blocks); mirrors templates/sm90 (_roles, _consumer)."""
+def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
+    """One SM90 CTA over its work `tiles` (key blocks per tile; an int: one tile); mirrors templates/sm90
+    (_roles, _consumer, _epilogue). One CTA per tile: O goes over Q's shared memory. Persistent
+    (`plan.scheduler`): the pipeline states run on across tiles, the consumers release Q's buffer once a
+    tile's S GEMMs are done, O has a buffer of its own (per warpgroup's rows: `sO{c}`) that warpgroup 0's
+    storing warp reads out with TMA stores, waited for before the next tile writes it."""
     forward_only(plan)
+    tiles = [tiles] if isinstance(tiles, int) else list(tiles)
+    persistent = plan.scheduler == "persistent"
+    if not persistent and len(tiles) != 1:
+        raise ValueError(f"{plan.name}: one tile per CTA (scheduler {plan.scheduler}), got {len(tiles)}")
     P = {p.name: p for p in sm90_pipelines(plan)}
     W = plan.num_mma_warpgroups
     PP = SM90_PINGPONG_BARRIER
 
     def producer():
         q, k, v = (PhaseTracker(P[x], "producer") for x in "qkv")
-        s, ph = q.next()
-        yield acquire("q", s, ph, tx=P["q"].tx_bytes)
-        yield tma_load("q", s, "sQ", ("Q",), P["q"].tx_bytes)
-        for j in range(n_blocks):
-            for name, tr in (("k", k), ("v", v)):
-                s, ph = tr.next()
-                yield acquire(name, s, ph, tx=P[name].tx_bytes)
-                yield tma_load(name, s, f"s{name.upper()}[{s}]", (name.upper(), j), P[name].tx_bytes)
+
+        def load(name, tr, t, j):
+            s, ph = tr.next()
+            yield acquire(name, s, ph, tx=P[name].tx_bytes)
+            yield tma_load(name, s, f"s{name.upper()}[{s}]", (name.upper(), t, j), P[name].tx_bytes)
+
+        for t, n_blocks in enumerate(tiles):
+            s, ph = q.next()
+            yield acquire("q", s, ph, tx=P["q"].tx_bytes)
+            yield tma_load("q", s, "sQ", ("Q", t), P["q"].tx_bytes)
+            # K of a block before V of the block before it (the consumers' order)
+            for j in range(n_blocks):
+                yield from load("k", k, t, j)
+                if j > 0:
+                    yield from load("v", v, t, j - 1)
+            if n_blocks:
+                yield from load("v", v, t, n_blocks - 1)
 
     def consumer(c):
         q, k, v = (PhaseTracker(P[x], "consumer") for x in "qkv")
+        for t, n_blocks in enumerate(tiles):
+            yield from consumer_tile(c, t, n_blocks, q, k, v)
+        if persistent and c == 0:
+            yield store_wait()
+
+    def consumer_tile(c, t, n_blocks, q, k, v):
         kslots = [k.next() for _ in range(n_blocks)]
         vslots = [v.next() for _ in range(n_blocks)]
-        s, ph = q.next()
-        yield wait("q", s, ph)
+        qs, ph = q.next()
+        yield wait("q", qs, ph)
 
         def s_gemm(j):
             yield wait("k", *kslots[j])
-            yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)), note=f"S = Q·K{j} (wg {c})")
+            yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)), note=f"S = Q·K{j} (wg {c})")
 
         def pv_gemm(j):
             yield wait("v", *vslots[j])
-            yield read((f"sV[{vslots[j][0]}]", ("V", j)), note=f"O += P·V{j} (wg {c})")
+            yield read((f"sV[{vslots[j][0]}]", ("V", t, j)), note=f"O += P·V{j} (wg {c})")
 
         if plan.ping_pong and c == W - 1:
             yield bar_arrive(PP, 256, 128)
@@ -775,7 +801,7 @@ def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
                 if plan.ping_pong:
                     yield wait("k", *kslots[j])
                     yield bar_sync(PP + c, 256, 128)
-                    yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)))
+                    yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
                 else:
                     yield from s_gemm(j)
                 yield from pv_gemm(j - 1)
@@ -783,6 +809,8 @@ def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
                     yield bar_arrive(PP + (c + 1) % W, 256, 128)
                 yield release("k", kslots[j][0], 4)
                 yield release("v", vslots[j - 1][0], 4)
+            if persistent:
+                yield release("q", qs, 4)
             if n_blocks:
                 yield from pv_gemm(n_blocks - 1)
                 yield release("v", vslots[n_blocks - 1][0], 4)
@@ -791,18 +819,34 @@ def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
                 yield wait("k", *kslots[j])
                 if plan.ping_pong:
                     yield bar_sync(PP + c, 256, 128)
-                yield read(("sQ", ("Q",)), (f"sK[{kslots[j][0]}]", ("K", j)))
+                yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
                 if plan.ping_pong:
                     yield bar_arrive(PP + (c + 1) % W, 256, 128)
                 yield release("k", kslots[j][0], 4)
                 yield from pv_gemm(j)
                 yield release("v", vslots[j][0], 4)
+            if persistent:
+                yield release("q", qs, 4)
         if plan.ping_pong and c == 0:
             yield bar_sync(PP, 256, 128)
-        # epilogue: O rows go over Q's shared memory (any row may overlay any warpgroup's Q rows)
+        if not persistent:
+            # epilogue: O rows go over Q's shared memory (any row may overlay any warpgroup's Q rows)
+            yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
+            yield write(("sQ", ("O", c)))
+            yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
+            return
+        # persistent epilogue: the storing warp (in warpgroup 0) waits for its last store's read of sO, all
+        # meet, each writes its rows, the storing warp waits for them and stores every warpgroup's rows
+        if c == 0:
+            yield store_wait()
         yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
-        yield write(("sQ", ("O", c)))
-        yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
+        yield write((f"sO{c}", ("O", t, c)))
+        if c == 0:
+            yield bar_sync(SM90_O_STORED_BARRIER, 128 * W, 128)
+            for c2 in range(W):
+                yield tma_store(f"sO{c2}", ("O", t, c2))
+        else:
+            yield bar_arrive(SM90_O_STORED_BARRIER, 128 * W, 128)
 
     programs = {"producer": producer()}
     for c in range(W):
@@ -810,11 +854,19 @@ def sm90_programs(plan, n_blocks: int) -> dict[str, Iterator[Op]]:
     return programs
 
 
-def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, seed: int = 0) -> list[ModelRun]:
+def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, max_tiles: int = 4, seed: int = 0) -> list[ModelRun]:
+    """Random interleavings of one CTA: one tile of 0..max_blocks key blocks, or (persistent) 1..max_tiles
+    such tiles per run (drawn after the first tile's blocks, so one-tile runs keep their draws)."""
     forward_only(plan)
     rng = random.Random(seed)
     model = ProtocolModel(sm90_pipelines(plan), sm90_named_barriers(plan))
-    return [model.run(sm90_programs(plan, rng.randint(0, max_blocks)), seed=seed * 7919 + r) for r in range(runs)]
+    out = []
+    for r in range(runs):
+        tiles = [rng.randint(0, max_blocks)]
+        if plan.scheduler == "persistent":
+            tiles += [rng.randint(0, max_blocks) for _ in range(rng.randint(1, max_tiles) - 1)]
+        out.append(model.run(sm90_programs(plan, tiles), seed=seed * 7919 + r))
+    return out
 
 
 def check_sm100(plan, *, runs: int = 40, max_tiles: int = 4, max_blocks: int = 5, seed: int = 0) -> list[ModelRun]:
