@@ -51,3 +51,19 @@ def test_varlen_orders_keep_every_tile_and_longest_first_balances(sim):
         assert span <= sum(orders["global"]) / 132 + max(orders["global"])
         worse += span > sim.makespan(orders["current"])
     assert worse <= 1
+
+
+@pytest.mark.parametrize("seqlen", [512, 1024, 2048, 4096])
+def test_persistent_paired_units_keep_the_work_and_balance(sim, seqlen):
+    """The masked persistent forward's model: the paired units hold every tile's blocks (pairs of tiles j and
+    num_m - 1 - j), cost the same with a causal mask, and a static stride over them ends within one unit of
+    a perfect balance; the static stride over the longest-first order does not (from 1k on)."""
+    hb = 16384 // seqlen * 16
+    grid, lpt, units = sim.causal_forward_orders(seqlen, hb, grid_overhead=0.0, persistent_overhead=0.0)
+    num_m = seqlen // 128
+    assert sum(units) == sum(lpt) == sum(grid) == hb * num_m * (num_m + 1) / 2
+    assert len(units) == hb * ((num_m + 1) // 2) and len(set(units)) == 1
+    assert sim.static_stride(units) <= sum(units) / 132 + units[0]
+    assert sim.static_stride([1.0, 2.0, 3.0], sms=2) == 4.0
+    if seqlen >= 1024:
+        assert sim.static_stride(lpt) > sim.static_stride(units)

@@ -15,8 +15,15 @@ Orders: `current` (the kernel's: sequence by sequence, each longest-first, head-
 (every tile of every head sorted by work, longest first), `round_robin` (each sequence's r-th
 longest tile in round r). Prints each order's makespan over a perfectly balanced one.
 
-Run: `python3 tools/sim_schedules.py det` or `python3 tools/sim_schedules.py varlen` (docs/STATUS.md,
-session 11, quotes their output).
+`persistent`: the causal forward at the FA grid's shapes (d128, 16k tokens x 16 heads, 128 x 128 tiles):
+one CTA per tile launched longest-first in head groups of 16 (the grid, hardware-dispatched: greedy onto
+the first free SM; per-tile overhead `grid_overhead` key blocks) against a persistent grid of `sms` CTAs
+striding statically (overhead `persistent_overhead`) over either the same longest-first order or units of
+two tiles j and num_m - 1 - j (fa4gen.device.schedule.paired_tile). The overheads are assumptions, not
+measurements. Prints each one's makespan and its ratio to the grid's.
+
+Run: `python3 tools/sim_schedules.py det`, `... varlen` or `... persistent` (docs/STATUS.md, sessions 11
+and 14, quote their output).
 """
 
 import argparse
@@ -134,9 +141,36 @@ def random_lengths(rng, lo, hi, total=16384):
     return lengths
 
 
+def causal_forward_orders(seqlen, hb, group=16, tile=128, grid_overhead=1.0, persistent_overhead=0.3):
+    """(grid tile works in launch order, the same order's works with the persistent overhead, paired units)."""
+    num_m = seqlen // tile
+
+    def lpt(overhead):
+        works = []
+        for g0 in range(0, hb, group):
+            for i in range(num_m):
+                works += [num_m - i + overhead] * min(group, hb - g0)  # tile num_m - 1 - i: num_m - i blocks
+        return works
+
+    units = []
+    for _ in range(hb):
+        for j in range((num_m + 1) // 2):
+            long_m, short_m = num_m - 1 - j, j
+            units.append(long_m + 1 + persistent_overhead + (short_m + 1 + persistent_overhead if short_m != long_m else 0))
+    return lpt(grid_overhead), lpt(persistent_overhead), units
+
+
+def static_stride(works, sms=132):
+    """Makespan when CTA i takes works i, i + sms, i + 2 sms, ... (no dynamic dispatch)."""
+    loads = [0.0] * sms
+    for i, w in enumerate(works):
+        loads[i % sms] += w
+    return max(loads)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -153,6 +187,15 @@ def main(argv=None) -> int:
                         cells.append(f"group {group}: {base / t:.3f}")
                     print(f"det jitter {jitter} {'causal' if causal else 'no mask'} s{seqlen}: "
                           f"non-det / det (order rev) " + ", ".join(cells))
+    elif args.which == "persistent":
+        for seqlen in (512, 1024, 2048, 4096, 8192):
+            grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)
+            t_grid = makespan(grid, args.sms)
+            t_lpt, t_pairs = static_stride(lpt, args.sms), static_stride(units, args.sms)
+            ideal = sum(units) / args.sms
+            print(f"causal s{seqlen}: grid {t_grid:.1f}; persistent longest-first stride {t_lpt:.1f} "
+                  f"({t_lpt / t_grid:.2f}x grid); paired units {t_pairs:.1f} ({t_pairs / t_grid:.2f}x grid, "
+                  f"{t_pairs / ideal:.3f}x a perfect balance)")
     else:
         rng = random.Random(0)
         for (lo, hi), d in (((128, 1024), 128), ((512, 8192), 128), ((512, 8192), 64)):
