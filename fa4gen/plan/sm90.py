@@ -95,7 +95,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     )
     # without a mask (and not packed), one CTA per SM strides over the query tiles when O fits a buffer of
     # its own: the next tile's Q and K/V then load while this tile finishes, instead of after the CTA exits
-    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n)
+    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n, elem)
     if persistent:
         smem += tile_m * spec.head_dim_v * elem
     reg_file = 128 * regs_producer + 128 * num_wg * regs_consumer
@@ -183,10 +183,10 @@ PERSISTENT_MAX_HEAD_DIM = 128
 PERSISTENT_MAX_TILE_N = 160
 
 
-def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int) -> bool:
+def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, elem: int) -> bool:
     return (spec.mask.kind == "none" and not spec.varlen
             and max(spec.head_dim, spec.head_dim_v) <= PERSISTENT_MAX_HEAD_DIM and tile_n <= PERSISTENT_MAX_TILE_N
-            and smem + tile_m * spec.head_dim_v * 2 <= SMEM_BUDGET)
+            and smem + tile_m * spec.head_dim_v * elem <= SMEM_BUDGET)
 
 
 def _has_long_kernel(spec: AttentionSpec) -> bool:
