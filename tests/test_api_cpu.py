@@ -142,7 +142,7 @@ def test_forward_kernel_is_picked_by_seqlen_q():
         with op.pinned("bwd_sm90"):
             pass
     # one forward: every seqlen runs it
-    single = _package("llama3_8b")._forward
+    single = _package("gemma2_9b")._forward  # d256: no room for the persistent forward's O buffer
     assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
     # the SM count does not matter to one-CTA-per-tile forwards
     assert op.forward_plan("sm90", 1, 78)["module"] == single.forward_plan("sm90", 1, 78)["module"] == "fwd_sm90"

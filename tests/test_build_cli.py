@@ -44,15 +44,16 @@ def _no_traceback(result: subprocess.CompletedProcess) -> None:
 
 
 def test_plan_prints_the_plan(work: Path):
-    """A spec with backward: true has two sm90 plans: the forward, then the backward, a blank line apart."""
-    result = fa4gen_cli("plan", "specs/llama3_8b.yaml", "--arch", "sm90", cwd=work)
+    """A spec with backward: true and one forward (gemma2_9b: d256, one CTA per tile) has two sm90 plans: the
+    forward, then the backward, a blank line apart."""
+    result = fa4gen_cli("plan", "specs/gemma2_9b.yaml", "--arch", "sm90", cwd=work)
     assert result.returncode == 0, result.stderr
-    fwd, bwd = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    fwd, bwd = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
     assert (fwd.direction, bwd.direction) == ("fwd", "bwd")
     assert result.stdout == fwd.describe() + "\n\n" + bwd.describe() + "\n"
     fwd_text, bwd_text = result.stdout.split("\n\n")
-    assert fwd_text.startswith("plan llama3_8b [sm90 fwd] -> module fwd_sm90\n")
-    assert bwd_text.startswith("plan llama3_8b [sm90 bwd] -> module bwd_sm90\n")
+    assert fwd_text.startswith("plan gemma2_9b [sm90 fwd] -> module fwd_sm90\n")
+    assert bwd_text.startswith("plan gemma2_9b [sm90 bwd] -> module bwd_sm90\n")
     for plan, text in ((fwd, fwd_text), (bwd, bwd_text)):
         lines = [line.split() for line in text.splitlines()]
         assert ["tile_m", str(plan.tile_m)] in lines and ["tile_n", str(plan.tile_n)] in lines
@@ -66,8 +67,9 @@ def test_plan_prints_the_plan(work: Path):
 def test_plan_of_a_forward_only_spec_prints_one_plan(work: Path):
     result = fa4gen_cli("plan", "specs/mistral_7b.yaml", cwd=work)
     assert result.returncode == 0, result.stderr
-    (plan,) = plan_kernels(load_spec(work / "specs" / "mistral_7b.yaml"), "sm90")
-    assert result.stdout == plan.describe() + "\n"
+    plans = plan_kernels(load_spec(work / "specs" / "mistral_7b.yaml"), "sm90")  # persistent + its long-call twin
+    assert [p.direction for p in plans] == ["fwd", "fwd"]
+    assert result.stdout == "\n\n".join(p.describe() for p in plans) + "\n"
 
 
 def test_plan_json(work: Path):
@@ -180,13 +182,13 @@ def test_build_good_and_bad(work: Path):
     pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
     written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
     assert written == pkg.files  # (test_render checks these against the committed generated/)
-    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "fwd_sm90.py", "spec.lock.json"]
+    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "fwd_sm90.py", "fwd_sm90_long.py", "spec.lock.json"]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("llama3_8b ")]
-    assert [row[2] for row in rows] == ["fwd_sm90", "bwd_sm90"]  # one row per kernel
-    assert all(" ".join(row[3:6]) == "wrote 4 file(s)" for row in rows)
+    assert [row[2] for row in rows] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90"]  # one row per kernel
+    assert all(" ".join(row[3:6]) == "wrote 5 file(s)" for row in rows)
     # each kernel's row shows its own plan's shared memory
-    fwd, bwd = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
-    assert [row[-4] for row in rows] == [f"{fwd.budgets[0].used // 1024}K", f"{bwd.budgets[0].used // 1024}K"]
+    plans = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
+    assert [row[-4] for row in rows] == [f"{p.budgets[0].used // 1024}K" for p in plans]
 
 
 def test_build_plan_failure_writes_nothing_for_that_spec(work: Path):

@@ -139,10 +139,10 @@ def test_gpu_runs_the_kernel_and_other_targets_compile(fast_checks, monkeypatch)
     """With a Hopper GPU the sm90 forward and backward run; other targets' kernels compile (and a
     forward is emulated)."""
     variant = load_variant(GENERATED / "llama3_8b")
-    fwd, bwd = variant.plans
+    fwd, _twin, bwd = variant.plans  # (the persistent forward, its long-call twin, the backward)
     assert (fwd["direction"], bwd["direction"]) == ("fwd", "bwd")
     fakes = [dict(p, arch="sm100", cute_arch="sm_100a") for p in (fwd, bwd)]
-    variant.lock = {**variant.lock, "plans": [*variant.plans, *fakes]}
+    variant.lock = {**variant.lock, "plans": [fwd, bwd, *fakes]}
     results = run_variant(variant, gpu=True)
     assert fast_checks == [("gpu", "llama3_8b", "sm90"), ("gpu bwd", "llama3_8b", "sm90"),
                            ("compile", "llama3_8b", "sm100"), ("emulator", "llama3_8b", "sm100"),
@@ -176,10 +176,10 @@ def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch)
     monkeypatch.setattr(golden_runner, "emulator_vs_reference", _fake_check("FAIL"))
     result = _invoke(str(GENERATED / "llama3_8b"), str(GENERATED / "vit_encoder"))
     assert result.exit_code == 1
-    # failed: the emulator row of each forward (llama3_8b one, vit_encoder two: persistent + its long-call twin)
-    assert result.stdout.count(" FAIL ") == 3
-    # passed: every kernel's compile + SASS (llama3_8b fwd + bwd, vit_encoder 2 fwd + bwd)
-    assert "5 passed, 3 failed, 0 skipped" in result.stdout
+    # failed: the emulator row of each forward (two per variant: persistent + its long-call twin)
+    assert result.stdout.count(" FAIL ") == 4
+    # passed: every kernel's compile + SASS (2 fwd + bwd per variant)
+    assert "6 passed, 4 failed, 0 skipped" in result.stdout
 
 
 def test_a_crashing_check_is_a_failed_row_not_a_crash(fast_checks, monkeypatch):
@@ -233,7 +233,7 @@ def test_backward_compile_check_wants_hgmma_tma_reduce_and_no_spills(monkeypatch
     monkeypatch.setattr(sass, "find_nvdisasm", lambda: "/bin/true")
     monkeypatch.setattr(generated, "compile_generated", lambda *a, **kw: _compiled(opcodes, **fields))
     variant = load_variant(GENERATED / "llama3_8b")
-    fwd, bwd = variant.plans
+    fwd, bwd = variant.plans[0], variant.plans[-1]  # (a long-call twin forward sits between)
     row = compile_and_sass(variant, bwd)
     assert (row.check, row.failed) == ("bwd compile + SASS", problem is not None)
     assert f"UBLKRED {opcodes.get('UBLKRED', 0)}" in row.detail

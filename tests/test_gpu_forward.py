@@ -54,6 +54,9 @@ EXTRA = {
     # ... with both switches off (the plain loop releases Q after its last P·V), 128 rows, 160 keys per block
     "x_bf16_d64_none_plain": dict(dtype="bf16", head_dim=64, return_lse=True,
                                   pipeline={"ping_pong": False, "intra_wg_overlap": False, "tile_m": 128, "tile_n": 160}),
+    # the masked persistent forward with both switches off
+    "x_bf16_d128_chunked_plain": dict(dtype="bf16", head_dim=128, return_lse=True, mask={"kind": "chunked", "chunk_size": 96},
+                                      pipeline={"ping_pong": False, "intra_wg_overlap": False}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -149,12 +152,15 @@ def _assert_matches(q, k, v, out, lse, softcap, sem, where):
         assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
 
 
-@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap", "x_bf16_d64_none_plain"])
+@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap", "x_bf16_d64_none_plain",
+                                  "llama3_8b", "mistral_7b", "llama4_chunked", "x_fp16_d128_causal", "x_fp16_d96_window",
+                                  "x_bf16_d128_chunked_plain"])
 def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
-    query rows on run the one-CTA-per-tile twin (fwd_sm90_long)."""
+    query rows on run the one-CTA-per-tile twin (fwd_sm90_long). Masked specs stride over units of two query
+    tiles (j and num_m - 1 - j); seqlen_k below seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
 
     pkg = _package(name)
@@ -165,27 +171,37 @@ def test_persistent_forward_strides_over_many_tiles(name):
     d, dv = spec["head_dim"], spec["head_dim_v"]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
     long_q = PERSISTENT_MAX_SEQLEN_Q
-    for b, s_q, s_k, h, h_kv in ((4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (2, long_q - 1, 300, 8, 1),
-                                 (1, long_q, 333, 4, 1)):
+    kind = spec["mask"]["kind"]
+    masked = kind != "none"
+    shapes = [(4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (2, long_q - 1, 300, 8, 1), (1, long_q, 333, 4, 1)]
+    if masked:  # an odd tile count (a unit holding the middle tile alone), seqlen_k > seqlen_q, one tile per pair
+        shapes += [(6, 600, 450, 12, 4), (8, 1100, 1300, 16, 4), (64, 100, 1000, 4, 1)]
+    # run-time windows / chunks, one per shape (the kernel's arguments: no recompile)
+    calls = {"sliding_window": [dict(window=w) for w in ((37, 5), (0, 0), (300, -1), (-1, 20))],
+             "chunked": [dict(chunk_size=c) for c in (96, 64, 200)]}.get(kind, [{}])
+    for i, (b, s_q, s_k, h, h_kv) in enumerate(shapes):
         if not spec["allow_gqa"]:
             h_kv = h
+        kwargs = calls[i % len(calls)]
         plan = op.forward_plan("sm90", s_q)
-        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", "grid")
+        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", "grid_lpt" if masked else "grid")
         assert (plan["module"], plan["scheduler"]) == want, (s_q, plan["module"], plan["scheduler"])
         if s_q < long_q:
-            tiles = -(-s_q // plan["tile_m"]) * h * b
-            assert tiles > PERSISTENT_CTAS, (s_q, tiles)
+            num_m = -(-s_q // plan["tile_m"])
+            work = (num_m + 1) // 2 * h * b if masked else num_m * h * b  # units of two tiles / tiles
+            assert work > PERSISTENT_CTAS, (s_q, work)  # (masked: more tiles than CTAs, so paired)
         q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
         k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
         v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
         out = torch.full((b, s_q, h, dv), float("nan"), device="cuda", dtype=dtype)
         _poisoned_empty_lse((b, h, s_q))
         with _recording_launches(op) as launched:
-            res = pkg.attention(q, k, v, out=out, return_lse=spec["return_lse"])
+            res = pkg.attention(q, k, v, out=out, return_lse=spec["return_lse"], **kwargs)
         torch.cuda.synchronize()
         assert launched == [want[0]], launched
         lse = res[1] if spec["return_lse"] else None
-        _assert_matches(q, k, v, out, lse, spec["softcap"], dict(causal=False), f"{name} shape={(b, s_q, s_k, h, h_kv)}")
+        sem = _semantics(lock, kwargs.get("window"), kwargs.get("chunk_size"))
+        _assert_matches(q, k, v, out, lse, spec["softcap"], sem, f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs}")
 
 
 @pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16)])

@@ -379,8 +379,8 @@ def test_tile_m_two_or_three_warpgroups(head_dim, tile_m):
 
 def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
     """tile_m auto on a masked d <= 64 spec: the default 128-row forward plus a 192-row one the API runs
-    from LONG_SEQLEN_Q on; an explicit tile_m, a larger head dim or no mask keep one forward."""
-    from fa4gen.plan.sm90 import LONG_SEQLEN_Q
+    from LONG_SEQLEN_Q on; an explicit tile_m or a larger head dim get the persistent forward and its twin."""
+    from fa4gen.plan.sm90 import LONG_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q
 
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {}))
     fwd = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
@@ -392,9 +392,14 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
         "module", "tile_m", "num_mma_warpgroups", "threads", "regs_consumer", "budgets", "notes", "min_seqlen_q"}
     assert all(getattr(fwd[0], f) == getattr(fwd[1], f) for f in same)
     assert any("fwd_sm90_long" in n for n in fwd[0].notes) and any("dispatch" in n for n in fwd[1].notes)
-    for extra, head_dim in (({"tile_m": 128}, 64), ({"tile_m": 192}, 64), ({}, 128)):
+    spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {"tile_m": 192}))
+    assert [p.module for p in plan_kernels(spec, "sm90") if p.direction == "fwd"] == ["fwd_sm90"]  # 3 warpgroups
+    for extra, head_dim in (({"tile_m": 128}, 64), ({}, 128)):
         spec = spec_from_dict(_spec_dict(0, (head_dim, None), "bf16", {"kind": "causal"}, extra))
-        assert [p.module for p in plan_kernels(spec, "sm90") if p.direction == "fwd"] == ["fwd_sm90"]
+        # no 192-row kernel: the persistent forward and its one-CTA-per-tile twin (same tiles)
+        fwd = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
+        assert [(p.module, p.min_seqlen_q, p.tile_m) for p in fwd] == [
+            ("fwd_sm90", 0, fwd[0].tile_m), ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q, fwd[0].tile_m)]
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}))
     assert [(p.module, p.tile_m, p.scheduler) for p in plan_kernels(spec, "sm90")] == [
         ("fwd_sm90", 192, "persistent"), ("fwd_sm90_long", 192, "grid")]  # no mask: see the persistent test
@@ -536,7 +541,7 @@ def test_backward_plan_fits_the_budgets(dims, deterministic):
 
 def test_no_backward_plan_without_backward():
     spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}))
-    assert [p.direction for p in plan_kernels(spec, "sm90")] == ["fwd"]
+    assert [p.direction for p in plan_kernels(spec, "sm90")] == ["fwd", "fwd"]  # persistent + its long-call twin
 
 
 def test_backward_swap_ab_choices_and_limits():
@@ -586,10 +591,9 @@ def test_forward_192_128_takes_128_keys():
 
 
 def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
-    """Without a mask and not packed, the forward is persistent when Q, the K/V stages and a separate O
-    buffer fit shared memory (head dims 64-128 at the auto tiles), with a one-CTA-per-tile twin for long
-    calls; d256 and (192, 128) stay one CTA per tile (their O must reuse Q's buffer), masked specs keep
-    longest-first, varlen the packed grid."""
+    """Not packed, the forward is persistent when Q, the K/V stages and a separate O buffer fit shared
+    memory (head dims 64-128 at the auto tiles), with a one-CTA-per-tile twin for long calls; d256 and
+    (192, 128) stay one CTA per tile (their O must reuse Q's buffer), varlen the packed grid."""
     from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q
 
     def fwd(hd, mask, pipeline=None, **kw):
@@ -619,7 +623,15 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     assert fwd((64, None), none, {"tile_n": 192, "tile_m": 128}).scheduler == "grid"
     assert fwd((64, None), none, {"tile_n": 160, "tile_m": 128}).scheduler == "persistent"
     assert fwd((128, None), none, {"kv_stages": 3}).scheduler == "grid"  # 3 stages + O: 224 KB + 32 KB
-    assert fwd((128, None), {"kind": "causal"}).scheduler == "grid_lpt"
+    # masked: persistent too (units of two query tiles), twin longest-first; a masked d64 spec whose 192-row kernel
+    # serves long calls keeps its 128-row default one CTA per tile
+    for mask in ({"kind": "causal"}, {"kind": "sliding_window", "left": 100, "right": 0}, {"kind": "chunked", "chunk_size": 96}):
+        plans = plan_kernels(spec_from_dict(_spec_dict(0, (128, None), "bf16", mask, {})), "sm90")
+        assert [(q.module, q.scheduler) for q in plans] == [("fwd_sm90", "persistent"), ("fwd_sm90_long", "grid_lpt")]
+        # the producer's tile loop with the mask's key range needs 32 registers (it spilled at 24)
+        assert [(q.regs_producer, q.regs_consumer) for q in plans] == [(32, 232), (24, 240)]
+    plans = plan_kernels(spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {})), "sm90")
+    assert [(q.module, q.scheduler, q.tile_m) for q in plans] == [("fwd_sm90", "grid_lpt", 128), ("fwd_sm90_long", "grid_lpt", 192)]
     assert fwd((128, None), none, varlen=True).scheduler == "grid"
 
 

@@ -104,7 +104,7 @@ def test_edited_generated_file_is_stale_and_build_fixes_it(work: Path):
 
     build = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)
     assert build.returncode == 0, build.stderr
-    assert [row.split()[2] for row in _row_status(build.stdout, "llama3_8b")] == ["fwd_sm90", "bwd_sm90"]
+    assert [row.split()[2] for row in _row_status(build.stdout, "llama3_8b")] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90"]
     assert all("wrote 1 file(s)" in row for row in _row_status(build.stdout, "llama3_8b"))
     assert target.read_bytes() == original
     again = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)
@@ -140,8 +140,8 @@ def test_spec_change_changes_kernel_and_reverts(work: Path):
     kernel = (work / "generated" / "llama3_8b" / "fwd_sm90.py").read_text()
     assert "\nTILE_N = 64\n" in kernel
     lock = json.loads((work / "generated" / "llama3_8b" / "spec.lock.json").read_text())
-    (fwd,) = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]
-    assert fwd["tile_n"] == 64 and lock["spec"]["pipeline"]["tile_n"] == 64
+    fwds = [plan for plan in lock["plans"] if plan["direction"] == "fwd"]  # persistent + its long-call twin
+    assert [fwd["tile_n"] for fwd in fwds] == [64, 64] and lock["spec"]["pipeline"]["tile_n"] == 64
     # the header's spec sha256 follows the spec
     new_sha = spec_digest(load_spec(spec_path))
     assert f"spec sha256 {new_sha}" in kernel.splitlines()[0]
@@ -227,10 +227,11 @@ def test_variant_text_matches_features(mask, softcap, ping_pong, share, return_l
     })
     pkg, (plan, *long), _ = render_spec(spec, "specs/variant.yaml")
     kernel, api = pkg.files["fwd_sm90.py"], pkg.files["__init__.py"]
-    # without a mask the default forward is persistent, with a one-CTA-per-tile twin for long calls
-    assert ("PERSISTENT_CTAS" in kernel) == (mask == "none") == (plan.scheduler == "persistent")
-    assert [p.module for p in long] == (["fwd_sm90_long"] if mask == "none" else [])
-    assert ("fwd_sm90_long.py" in pkg.files) == (mask == "none")
+    # at d128 the default forward is persistent (masked: over units of two query tiles), with a one-CTA-per-tile
+    # twin for long calls
+    assert plan.scheduler == "persistent" and "PERSISTENT_CTAS" in kernel
+    assert ("schedule.paired_tile(" in kernel) == (mask != "none")
+    assert [p.module for p in long] == ["fwd_sm90_long"] and "fwd_sm90_long.py" in pkg.files
     for text in (kernel, api):
         ast.parse(text)
     has_mask = mask != "none"
@@ -278,8 +279,8 @@ def test_intra_wg_overlap_switch(overlap):
 
 
 def test_committed_poly_exp_spec():
-    (plan,) = plan_kernels(load_spec(ROOT / "specs" / "fa4_pipeline.yaml"), "sm90")
-    assert plan.poly_every == 7
+    plans = plan_kernels(load_spec(ROOT / "specs" / "fa4_pipeline.yaml"), "sm90")  # persistent + its twin
+    assert [plan.poly_every for plan in plans] == [7, 7]
     assert "\nPOLY_EVERY = 7\n" in (GENERATED / "fa4_pipeline" / "fwd_sm90.py").read_text()
     assert "\nPOLY_EVERY = 0\n" in (GENERATED / "llama3_8b" / "fwd_sm90.py").read_text()
 
@@ -416,7 +417,7 @@ def test_render_package_rejects_non_identifier_plan_fields(direction):
     """Through the forward's and the backward's templates alike (llama3_8b has both)."""
     spec = load_spec(ROOT / "specs" / "llama3_8b.yaml")
     plans = plan_kernels(spec, "sm90")
-    (plan,) = [p for p in plans if p.direction == direction]
+    plan = next(p for p in plans if p.direction == direction)  # (the default forward: the first)
     others = [p for p in plans if p is not plan]
     assert render_package(spec, [plan, *others], spec_label="x", unavailable={}).files  # the unmodified plan renders
     evil = dataclasses.replace(plan, class_name="X:\n    import os")

@@ -128,6 +128,43 @@ def _check_scheduler():
         assert sm100 == sm90, (num_m, heads, batch, fit)
 
 
+def _check_paired_units():
+    for num_m, heads, batch in ((4, 3, 2), (5, 2, 3), (1, 4, 1), (2, 1, 1), (7, 1, 2)):
+        every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
+        # more tiles than CTAs pairs them; as many or fewer leaves one tile per unit
+        tiles = num_m * heads * batch
+        assert int(schedule.pairs_for(num_m, heads, batch, tiles)) == 0
+        assert int(schedule.pairs_for(num_m, heads, batch, tiles - 1)) == 1
+        for pairs in (1, 0):
+            units = int(schedule.paired_units(num_m, heads, batch, pairs))
+            per_pair = (num_m + 1) // 2 if pairs else num_m
+            assert units == per_pair * heads * batch
+            seen = []
+            for u in range(units):
+                count = int(schedule.paired_tiles(u, num_m, pairs))
+                got = [tuple(int(x) for x in schedule.paired_tile(u, t, num_m, heads, pairs)) for t in range(count)]
+                # one (head, batch) pair per unit, its longer (later) tile first, tiles j and num_m - 1 - j
+                assert len({(h, b) for _, h, b in got}) == 1
+                if count == 2:
+                    assert got[0][0] + got[1][0] == num_m - 1 and got[0][0] > got[1][0]
+                elif pairs:
+                    assert 2 * got[0][0] == num_m - 1  # the middle tile of an odd num_m
+                else:
+                    assert got[0][0] == num_m - 1 - u % num_m  # unpaired: each pair's tiles longest first
+                _, h, b = got[0]
+                assert (h, b) == (u // per_pair % heads, u // per_pair // heads)  # a pair's units consecutive
+                seen += got
+            # every (m_block, head, batch) once
+            assert sorted(seen) == every
+
+
+def test_paired_units_cover_every_tile_once():
+    """fa4gen.device.schedule's paired units (the SM90 masked persistent forward's work order): every query tile
+    of every (head, batch) exactly once, tile j with num_m - 1 - j (the longer first), a pair's units consecutive;
+    unpaired when there are no more tiles than CTAs."""
+    trace_in_kernel(_check_paired_units, "sm_90a")
+
+
 def test_tile_scheduler_index_math():
     """fa4gen.device.schedule.tile_coords (the SM100 forward's grouped longest-first order) visits every
     (m_block, head, batch) once, in the planned order, and with pow2_group's groups in the SM90 grid's order."""

@@ -46,6 +46,45 @@ def head_grouped(tile: Int32, num_n: Int32, num_hb: Int32, group: Int32):
     return local // size, g * group + local % size
 
 
+@cute.jit
+def pairs_for(num_m: Int32, num_heads: Int32, num_batch: Int32, ctas: cutlass.Constexpr[int]) -> Int32:
+    """1 when a masked persistent forward pairs its query tiles (more tiles than CTAs), else 0: with no more
+    tiles than CTAs, pairing would put two tiles on one CTA where the grid runs them side by side (a causal
+    call with seqlen_k >> seqlen_q, small windows: tiles of nearly equal length, up to 2x slower paired)."""
+    return cutlass.min((num_m * num_heads * num_batch) // (ctas + 1), 1)
+
+
+@cute.jit
+def paired_units(num_m: Int32, num_heads: Int32, num_batch: Int32, pairs: Int32) -> Int32:
+    """Work units of a masked persistent forward: per (head, batch) pair, query tile j paired with tile
+    num_m - 1 - j (ceil(num_m / 2) units; the middle tile alone when num_m is odd); with `pairs` 0, one
+    tile per unit (num_m units, the longest first)."""
+    return (num_m - pairs * (num_m // 2)) * num_heads * num_batch
+
+
+@cute.jit
+def paired_tiles(unit: Int32, num_m: Int32, pairs: Int32) -> Int32:
+    """How many query tiles unit `unit` holds: 2, or 1 for the middle tile of an odd num_m (1 unpaired)."""
+    j = unit % (num_m - pairs * (num_m // 2))
+    return 1 + pairs * cutlass.min(num_m - 1 - 2 * j, 1)  # num_m - 1 - 2j: 0 for the middle tile, else >= 1
+
+
+@cute.jit
+def paired_tile(unit: Int32, t: Int32, num_m: Int32, num_heads: Int32, pairs: Int32):
+    """(m_block, head, batch) of the t-th tile (t < paired_tiles) of unit `unit`: the longer tile first.
+
+    With a causal mask tile m sees about m + 1 key blocks, so each pair of tiles j and num_m - 1 - j costs
+    about num_m + 1 blocks: the units cost the same, and CTAs that stride over them (unit i, i + CTAs, ...)
+    stay balanced without a dynamic scheduler. The units of a (head, batch) pair are consecutive, so the CTAs
+    in flight share the K/V of a few pairs in L2. Windows and chunks give the tiles nearly equal lengths:
+    any pairing balances those. Unpaired (`pairs` 0), unit j of a pair is its tile num_m - 1 - j."""
+    per_pair = num_m - pairs * (num_m // 2)
+    j = unit % per_pair
+    hb = unit // per_pair
+    m_block = num_m - 1 - j - t * (num_m - 1 - 2 * j)  # t = 0: num_m - 1 - j, t = 1: j
+    return m_block, hb % num_heads, hb // num_heads
+
+
 # bytes of L2 the longest-first forward plans to keep K/V of a group's heads in (flash-attn-4's figure
 # for the H100/H200's 50 MB L2, which it measured faster than one head at a time)
 L2_KV_BYTES = 50 * 1024 * 1024

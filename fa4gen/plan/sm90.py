@@ -93,9 +93,20 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         + kv_stages * tile_n * (spec.head_dim + spec.head_dim_v) * elem
         + (1 + 2 * kv_stages) * 2 * 8
     )
-    # without a mask (and not packed), one CTA per SM strides over the query tiles when O fits a buffer of
-    # its own: the next tile's Q and K/V then load while this tile finishes, instead of after the CTA exits
-    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n, elem)
+    # not packed, one CTA per SM strides over the query tiles when O fits a buffer of its own: the next tile's
+    # Q and K/V then load while this tile finishes, instead of after the CTA exits (a masked d <= 64 spec with
+    # its 192-row kernel for long calls keeps its 128-row default one CTA per tile: a third kernel would be
+    # needed for short calls on GPUs the persistent grid does not fit)
+    persistent = allow_persistent and not long_kernel and _persistent_fits(spec, smem, tile_m, tile_n, elem)
+    if persistent and spec.mask.kind != "none":
+        # the producer's tile loop with the mask's key range spilled at 24 registers (8 LDL/STL, CPU compile of
+        # llama4_chunked / fa4_pipeline, session 14): 32, with the consumers' budget lowered to match
+        # (two consumer warpgroups only: three would drop to 152 registers, not compiled or measured)
+        masked_consumer = PERSISTENT_MASKED_REGS_CONSUMER if num_wg == 2 else 0
+        if regs <= masked_consumer:
+            regs_producer, regs_consumer = max(regs_producer, PERSISTENT_MASKED_REGS_PRODUCER), masked_consumer
+        else:
+            persistent = False
     if persistent:
         smem += tile_m * spec.head_dim_v * elem
     reg_file = 128 * regs_producer + 128 * num_wg * regs_consumer
@@ -138,7 +149,9 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
     if persistent:
-        notes.append(f"scheduler: persistent, {PERSISTENT_CTAS} CTAs striding over the query tiles (O in a buffer of "
+        over = ("units of two query tiles, j and the last but j, longer first (equal work with a causal mask)"
+                if kind != "none" else "the query tiles")
+        notes.append(f"scheduler: persistent, {PERSISTENT_CTAS} CTAs striding over {over} (O in a buffer of "
                      "its own, so the next tile's loads overlap this tile's last P·V and epilogue)")
     if spec.varlen:
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
@@ -155,7 +168,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         regs_consumer=regs_consumer,
         ping_pong=ping_pong,
         intra_wg_overlap=overlap,
-        scheduler="grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "persistent" if persistent else "grid",
+        scheduler="persistent" if persistent else "grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
         persistent_ctas=PERSISTENT_CTAS if persistent else 0,
         **semantic_fields(spec, every, share, fit),
         budgets=budgets,
@@ -170,7 +183,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
 LONG_SEQLEN_Q = 2048
 
 
-# The persistent forward (no mask) runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
+# The persistent forward runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
 # runs the same tiles as one CTA per tile (fwd_sm90_long). H200, same-run A/B against one CTA per tile (docs/PERF.md,
 # session 14): +14-16% at 512, +5-8% at 1k, +2-4% at 2k; at 4k d64 +2.5% but d128 -3%, at 16k -0.2 to -0.3%.
 PERSISTENT_MAX_SEQLEN_Q = 4096
@@ -180,11 +193,15 @@ PERSISTENT_MAX_SEQLEN_Q = 4096
 # memory but have not run persistent on a GPU), and key blocks of at most 160 (a CPU spill sweep of hand-set tiles,
 # session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid twin none).
 PERSISTENT_MAX_HEAD_DIM = 128
+# masked persistent forwards (two consumer warpgroups): producer / consumer registers (32 x 128 + 232 x 256
+# of the 64K register file)
+PERSISTENT_MASKED_REGS_PRODUCER = 32
+PERSISTENT_MASKED_REGS_CONSUMER = 232
 PERSISTENT_MAX_TILE_N = 160
 
 
 def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, elem: int) -> bool:
-    return (spec.mask.kind == "none" and not spec.varlen
+    return (not spec.varlen
             and max(spec.head_dim, spec.head_dim_v) <= PERSISTENT_MAX_HEAD_DIM and tile_n <= PERSISTENT_MAX_TILE_N
             and smem + tile_m * spec.head_dim_v * elem <= SMEM_BUDGET)
 
@@ -197,16 +214,15 @@ def _has_long_kernel(spec: AttentionSpec) -> bool:
 def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls) or with a persistent
     default forward (one CTA per tile, for long calls), else None."""
-    default = plan_forward(spec)
-    if default.scheduler == "persistent":
+    if not _has_long_kernel(spec):
+        if plan_forward(spec).scheduler != "persistent":
+            return None
         plan = plan_forward(spec, allow_persistent=False)
         note = (f"dispatch: the API runs this one-CTA-per-tile kernel for calls with seqlen_q >= "
                 f"{PERSISTENT_MAX_SEQLEN_Q}, the persistent fwd_sm90 below")
         return replace(plan, module="fwd_sm90_long", min_seqlen_q=PERSISTENT_MAX_SEQLEN_Q, notes=(*plan.notes, note))
-    if not _has_long_kernel(spec):
-        return None
     p = spec.pipeline
-    plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}))
+    plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}), allow_persistent=False)
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
             f"sequence when packed), fwd_sm90 (128 rows) below")
     return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, notes=(*plan.notes, note))
