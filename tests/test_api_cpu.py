@@ -145,7 +145,11 @@ def test_forward_kernel_is_picked_by_seqlen_q():
     single = _package("gemma2_9b")._forward  # d256: no room for the persistent forward's O buffer
     assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
     # the SM count does not matter to one-CTA-per-tile forwards
-    assert op.forward_plan("sm90", 1, 78)["module"] == single.forward_plan("sm90", 1, 78)["module"] == "fwd_sm90"
+    assert single.forward_plan("sm90", 1, 78)["module"] == "fwd_sm90"
+    # llama32_1b's 128-row forward is persistent: a GPU with fewer SMs than its grid runs the 192-row kernel
+    # (one CTA per tile) at every length
+    assert op.plans["sm90"]["scheduler"] == "persistent"
+    assert [op.forward_plan("sm90", s, 78)["module"] for s in (1, LONG_SEQLEN_Q)] == ["fwd_sm90_long"] * 2
 
 
 def test_persistent_forward_runs_only_where_its_grid_fits_the_gpu():

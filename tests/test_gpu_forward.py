@@ -154,13 +154,14 @@ def _assert_matches(q, k, v, out, lse, softcap, sem, where):
 
 @pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap", "x_bf16_d64_none_plain",
                                   "llama3_8b", "mistral_7b", "llama4_chunked", "x_fp16_d128_causal", "x_fp16_d96_window",
-                                  "x_bf16_d128_chunked_plain"])
+                                  "x_bf16_d128_chunked_plain", "llama32_1b", "x_fp16_d64_window_softcap"])
 def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
-    query rows on run the one-CTA-per-tile twin (fwd_sm90_long). Masked specs stride over units of two query
-    tiles (j and num_m - 1 - j); seqlen_k below seqlen_q leaves causal rows without keys (bottom-right)."""
+    query rows on run the one-CTA-per-tile twin (fwd_sm90_long; masked d64 specs: their 192-row kernel from
+    LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j); seqlen_k below
+    seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
 
     pkg = _package(name)
@@ -170,10 +171,12 @@ def test_persistent_forward_strides_over_many_tiles(name):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
     d, dv = spec["head_dim"], spec["head_dim_v"]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
-    long_q = PERSISTENT_MAX_SEQLEN_Q
+    (long_plan,) = op.long_plans["sm90"]
+    long_q = long_plan["min_seqlen_q"]
+    assert long_q <= PERSISTENT_MAX_SEQLEN_Q, long_q
     kind = spec["mask"]["kind"]
     masked = kind != "none"
-    shapes = [(4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (2, long_q - 1, 300, 8, 1), (1, long_q, 333, 4, 1)]
+    shapes = [(4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (3, long_q - 1, 300, 8, 1), (1, long_q, 333, 4, 1)]
     if masked:  # an odd tile count (a unit holding the middle tile alone), seqlen_k > seqlen_q, one tile per pair
         shapes += [(6, 600, 450, 12, 4), (8, 1100, 1300, 16, 4), (64, 100, 1000, 4, 1)]
     # run-time windows / chunks, one per shape (the kernel's arguments: no recompile)
@@ -184,7 +187,7 @@ def test_persistent_forward_strides_over_many_tiles(name):
             h_kv = h
         kwargs = calls[i % len(calls)]
         plan = op.forward_plan("sm90", s_q)
-        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", "grid_lpt" if masked else "grid")
+        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", long_plan["scheduler"])
         assert (plan["module"], plan["scheduler"]) == want, (s_q, plan["module"], plan["scheduler"])
         if s_q < long_q:
             num_m = -(-s_q // plan["tile_m"])

@@ -389,8 +389,11 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
     assert fwd[1].num_mma_warpgroups == 3 and fwd[1].threads == 512
     # the two differ in tiling only: same mask, softmax and interface
     same = {f.name for f in dataclasses.fields(KernelPlan)} - {
-        "module", "tile_m", "num_mma_warpgroups", "threads", "regs_consumer", "budgets", "notes", "min_seqlen_q"}
+        "module", "tile_m", "num_mma_warpgroups", "threads", "regs_producer", "regs_consumer", "budgets", "notes",
+        "min_seqlen_q", "scheduler", "persistent_ctas"}
     assert all(getattr(fwd[0], f) == getattr(fwd[1], f) for f in same)
+    # the 128-row one is persistent (its calls end below LONG_SEQLEN_Q), the 192-row one longest-first
+    assert [(p.scheduler, p.persistent_ctas) for p in fwd] == [("persistent", 132), ("grid_lpt", 0)]
     assert any("fwd_sm90_long" in n for n in fwd[0].notes) and any("dispatch" in n for n in fwd[1].notes)
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {"tile_m": 192}))
     assert [p.module for p in plan_kernels(spec, "sm90") if p.direction == "fwd"] == ["fwd_sm90"]  # 3 warpgroups
@@ -623,15 +626,15 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     assert fwd((64, None), none, {"tile_n": 192, "tile_m": 128}).scheduler == "grid"
     assert fwd((64, None), none, {"tile_n": 160, "tile_m": 128}).scheduler == "persistent"
     assert fwd((128, None), none, {"kv_stages": 3}).scheduler == "grid"  # 3 stages + O: 224 KB + 32 KB
-    # masked: persistent too (units of two query tiles), twin longest-first; a masked d64 spec whose 192-row kernel
-    # serves long calls keeps its 128-row default one CTA per tile
+    # masked: persistent too (units of two query tiles), twin longest-first; a masked d64 spec's twin is its
+    # 192-row kernel for long calls
     for mask in ({"kind": "causal"}, {"kind": "sliding_window", "left": 100, "right": 0}, {"kind": "chunked", "chunk_size": 96}):
         plans = plan_kernels(spec_from_dict(_spec_dict(0, (128, None), "bf16", mask, {})), "sm90")
         assert [(q.module, q.scheduler) for q in plans] == [("fwd_sm90", "persistent"), ("fwd_sm90_long", "grid_lpt")]
         # the producer's tile loop with the mask's key range needs 32 registers (it spilled at 24)
         assert [(q.regs_producer, q.regs_consumer) for q in plans] == [(32, 232), (24, 240)]
     plans = plan_kernels(spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {})), "sm90")
-    assert [(q.module, q.scheduler, q.tile_m) for q in plans] == [("fwd_sm90", "grid_lpt", 128), ("fwd_sm90_long", "grid_lpt", 192)]
+    assert [(q.module, q.scheduler, q.tile_m) for q in plans] == [("fwd_sm90", "persistent", 128), ("fwd_sm90_long", "grid_lpt", 192)]
     assert fwd((128, None), none, varlen=True).scheduler == "grid"
 
 

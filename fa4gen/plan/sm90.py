@@ -94,10 +94,10 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         + (1 + 2 * kv_stages) * 2 * 8
     )
     # not packed, one CTA per SM strides over the query tiles when O fits a buffer of its own: the next tile's
-    # Q and K/V then load while this tile finishes, instead of after the CTA exits (a masked d <= 64 spec with
-    # its 192-row kernel for long calls keeps its 128-row default one CTA per tile: a third kernel would be
-    # needed for short calls on GPUs the persistent grid does not fit)
-    persistent = allow_persistent and not long_kernel and _persistent_fits(spec, smem, tile_m, tile_n, elem)
+    # Q and K/V then load while this tile finishes, instead of after the CTA exits. A masked d <= 64 spec with
+    # its 192-row kernel for long calls (from LONG_SEQLEN_Q, below PERSISTENT_MAX_SEQLEN_Q) runs that kernel as
+    # the twin: on GPUs the persistent grid does not fit, its short calls take the 192-row tiles too
+    persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n, elem)
     if persistent and spec.mask.kind != "none":
         # the producer's tile loop with the mask's key range spilled at 24 registers (8 LDL/STL, CPU compile of
         # llama4_chunked / fa4_pipeline, session 14): 32, with the consumers' budget lowered to match
@@ -143,7 +143,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
     if long_kernel:
         notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead")
-    if persistent:
+    if persistent and not long_kernel:
         notes.append(f"calls with seqlen_q >= {PERSISTENT_MAX_SEQLEN_Q} run fwd_sm90_long instead (one CTA per tile)")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
