@@ -179,13 +179,17 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
 # A masked head dim <= 64 spec with tile_m auto gets two forward kernels, and the API picks one per call by
 # seqlen_q: 128 rows below LONG_SEQLEN_Q, 192 rows (three consumer warpgroups) from it on. H200, d64 causal,
 # grid shapes (docs/PERF.md, session 4): 192 rows +7% at 4k and +14% at 16k, but -9% at 1k (short causal
-# rows waste more of a 192-row diagonal tile, and there are fewer CTAs to balance).
+# rows waste more of a 192-row diagonal tile, and there are fewer CTAs to balance). Since session 15 the 128-row
+# one is persistent; same-run A/B with the threshold at 4096 instead (docs/PERF.md, session 15): the persistent
+# 128-row forward -1% at 2k and -8% at 3k against the 192-row grid, so the threshold stays.
 LONG_SEQLEN_Q = 2048
 
 
 # The persistent forward runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
 # runs the same tiles as one CTA per tile (fwd_sm90_long). H200, same-run A/B against one CTA per tile (docs/PERF.md,
 # session 14): +14-16% at 512, +5-8% at 1k, +2-4% at 2k; at 4k d64 +2.5% but d128 -3%, at 16k -0.2 to -0.3%.
+# Masked (session 15, causal, against the longest-first grid): d128 +14% at 512, +7% at 1k, +2% at 2k; d64 (below
+# its 192-row kernel's LONG_SEQLEN_Q) +20% at 512, +13% at 1k.
 PERSISTENT_MAX_SEQLEN_Q = 4096
 
 
