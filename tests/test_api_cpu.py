@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -144,30 +145,40 @@ def test_forward_kernel_is_picked_by_seqlen_q():
     # one forward: every seqlen runs it
     single = _package("gemma2_9b")._forward  # d256: no room for the persistent forward's O buffer
     assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
-    # the SM count does not matter to one-CTA-per-tile forwards
-    assert single.forward_plan("sm90", 1, 78)["module"] == "fwd_sm90"
-    # llama32_1b's 128-row forward is persistent: a GPU with fewer SMs than its grid runs the 192-row kernel
-    # (one CTA per tile) at every length
-    assert op.plans["sm90"]["scheduler"] == "persistent"
-    assert [op.forward_plan("sm90", s, 78)["module"] for s in (1, LONG_SEQLEN_Q)] == ["fwd_sm90_long"] * 2
+    # llama32_1b's 128-row forward is persistent (one CTA per SM), its 192-row one CTA per tile
+    assert [p["scheduler"] for p in (op.plans["sm90"], op.forward_plan("sm90", LONG_SEQLEN_Q))] == ["persistent", "grid_lpt"]
 
 
-def test_persistent_forward_runs_only_where_its_grid_fits_the_gpu():
-    """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q query rows on a GPU with at least
-    its 132 SMs; its one-CTA-per-tile twin from there on, and at every length on a GPU with fewer SMs (an H100
-    PCIe's 114, an H20's 78), where the CTAs past the SM count would wait for the first ones' whole tile lists."""
+def test_persistent_forward_gets_the_gpus_sm_count():
+    """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q query rows, its
+    one-CTA-per-tile twin from there on; the persistent one launches one CTA per SM of the call's GPU (the
+    API's last run-time argument: an H100 PCIe's 114, an H20's 78, a MIG slice's), cached per device, and
+    off CUDA the plan's compile-time stand-in (132)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
 
     op = _package("vit_encoder")._forward
-    pick = lambda s, sms=None: (op.forward_plan("sm90", s, sms)["module"], op.forward_plan("sm90", s, sms)["scheduler"])  # noqa: E731
-    short, long = ("fwd_sm90", "persistent"), ("fwd_sm90_long", "grid")
-    assert op.plans["sm90"]["persistent_ctas"] == PERSISTENT_CTAS
-    for sms in (None, PERSISTENT_CTAS, 144):
-        assert [pick(s, sms) for s in (1, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [short, short, long]
-    for sms in (78, 114, PERSISTENT_CTAS - 1):
-        assert [pick(s, sms) for s in (1, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [long, long, long]
-    with op.pinned("fwd_sm90"):  # golden checks run each kernel whatever the GPU
-        assert pick(1, 78) == short
+    pick = lambda s: (op.forward_plan("sm90", s)["module"], op.forward_plan("sm90", s)["scheduler"])  # noqa: E731
+    assert [pick(s) for s in (1, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [
+        ("fwd_sm90", "persistent")] * 2 + [("fwd_sm90_long", "grid")]
+    plan = op.plans["sm90"]
+    assert plan["persistent_ctas"] == PERSISTENT_CTAS
+    assert op.persistent_ctas(plan, torch.device("cpu")) == PERSISTENT_CTAS
+    seen = []
+
+    class Props:
+        multi_processor_count = 78
+
+    def props(device):
+        seen.append(device)
+        return Props()
+
+    op._sm_count_by_device.clear()
+    try:
+        with mock.patch.object(torch.cuda, "get_device_properties", props):
+            assert [op.persistent_ctas(plan, torch.device("cuda", 1)) for _ in range(3)] == [78] * 3
+        assert len(seen) == 1  # asked once per device
+    finally:
+        op._sm_count_by_device.clear()
 
 
 # --- fa4gen.build --------------------------------------------------------------------------------

@@ -207,6 +207,40 @@ def test_persistent_forward_strides_over_many_tiles(name):
         _assert_matches(q, k, v, out, lse, spec["softcap"], sem, f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs}")
 
 
+@pytest.mark.parametrize("name", ["vit_encoder", "llama3_8b", "mistral_7b", "llama32_1b"])
+def test_persistent_forward_on_fewer_sms(name):
+    """The persistent forward launches one CTA per SM of the call's GPU (the API passes the count): a GPU
+    with fewer SMs than an H200 (an H100 PCIe's 114, an H20's 78, a MIG slice's 16 or 1) runs the same kernel
+    with fewer CTAs, each striding over more tiles — and, masked, pairing tiles from a smaller tile count on."""
+    pkg = _package(name)
+    op = pkg._forward
+    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
+    spec = lock["spec"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    d, dv = spec["head_dim"], spec["head_dim_v"]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 2)
+    index = torch.cuda.current_device()
+    sem = _semantics(lock, None, None)
+    try:
+        for sms, (b, s_q, s_k, h, h_kv) in ((114, (2, 700, 900, 8, 2)), (78, (3, 1000, 777, 16, 4)),
+                                            (16, (2, 1500, 1500, 4, 1)), (1, (1, 333, 500, 4, 4))):
+            if not spec["allow_gqa"]:
+                h_kv = h
+            op._sm_count_by_device[index] = sms
+            q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
+            k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
+            v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+            out = torch.full((b, s_q, h, dv), float("nan"), device="cuda", dtype=dtype)
+            with _recording_launches(op) as launched:
+                pkg.attention(q, k, v, out=out)
+            torch.cuda.synchronize()
+            assert launched == ["fwd_sm90"] and op.forward_plan("sm90", s_q)["scheduler"] == "persistent", launched
+            _assert_matches(q, k, v, out, None, spec["softcap"], sem, f"{name} {sms} SMs shape={(b, s_q, s_k, h, h_kv)}")
+    finally:  # (and the replayable launches, which hold the count they ran with)
+        op._sm_count_by_device.pop(index, None)
+        op._calls.clear()
+
+
 @pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16)])
 def test_long_calls_run_the_192_row_kernel(name, dtype):
     """A masked d64 spec (tile_m auto) holds two forwards: calls from LONG_SEQLEN_Q query rows on run the

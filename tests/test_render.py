@@ -229,7 +229,9 @@ def test_variant_text_matches_features(mask, softcap, ping_pong, share, return_l
     kernel, api = pkg.files["fwd_sm90.py"], pkg.files["__init__.py"]
     # at d128 the default forward is persistent (masked: over units of two query tiles), with a one-CTA-per-tile
     # twin for long calls
-    assert plan.scheduler == "persistent" and "PERSISTENT_CTAS" in kernel
+    # (its CTA count a run-time argument: the API passes the GPU's SM count)
+    assert plan.scheduler == "persistent" and "num_ctas: Int32" in kernel and "PERSISTENT_CTAS" not in kernel
+    assert "num_ctas" not in pkg.files["fwd_sm90_long.py"]
     assert ("schedule.paired_tile(" in kernel) == (mask != "none")
     assert [p.module for p in long] == ["fwd_sm90_long"] and "fwd_sm90_long.py" in pkg.files
     for text in (kernel, api):

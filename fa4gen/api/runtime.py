@@ -306,26 +306,23 @@ class ForwardOp:
             RuntimeError,
         )
 
-    def forward_plan(self, arch: str, seqlen_q: int, sm_count: int | None = None) -> dict:
+    def forward_plan(self, arch: str, seqlen_q: int) -> dict:
         """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
-        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides. A persistent forward
-        launches `persistent_ctas` CTAs (the SM count of an H100/H200 SXM): on a GPU with fewer SMs
-        (`sm_count`: an H100 PCIe, an H20, a MIG slice) the CTAs past its SM count would start only when
-        the first ones finished all their tiles, so such a GPU runs the one-CTA-per-tile twin instead."""
+        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides."""
         if self._pinned is not None:
             return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
             if seqlen_q >= plan["min_seqlen_q"]:
                 return plan
-        plan = self.plans[arch]
-        if plan["scheduler"] == "persistent" and sm_count is not None and sm_count < plan["persistent_ctas"]:
-            return next((p for p in self.long_plans[arch] if p["scheduler"] != "persistent"), plan)
-        return plan
+        return self.plans[arch]
 
-    def sm_count(self, device: torch.device) -> int | None:
-        """The device's SM count (cached per device); None off CUDA (the CPU tests' stand-in launches)."""
+    def persistent_ctas(self, plan: dict, device: torch.device) -> int:
+        """The CTA count a persistent forward launches on `device` (at most; fewer when there are fewer work
+        units): its SM count (cached per device), so an H100 PCIe (114), an H20 (78) or a MIG slice runs one
+        CTA per SM as an H200 does (132), with no CTA waiting for another's whole tile list. Off CUDA (the
+        CPU tests' stand-in launches) the plan's `persistent_ctas`."""
         if device.type != "cuda":
-            return None
+            return plan["persistent_ctas"]
         count = self._sm_count_by_device.get(device.index)
         if count is None:
             count = self._sm_count_by_device[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
@@ -452,8 +449,7 @@ class ForwardOp:
         caller discards the LSE, so the kernel writes it into the device's scratch buffer."""
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
-        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q,
-                                 self.sm_count(q.device))
+        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q)
         if out is None:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)
@@ -467,6 +463,8 @@ class ForwardOp:
         # packed: the totals bound every sequence's lengths, so clamping windows / chunks to them keeps
         # each sequence's mask
         args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
+        if plan["scheduler"] == "persistent":  # (never packed: no use_seqused after it)
+            args.append(self.persistent_ctas(plan, q.device))
         if out.numel() == 0 or s_k == 0:
             out.zero_()
             if lse is not None:

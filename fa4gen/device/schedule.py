@@ -47,7 +47,7 @@ def head_grouped(tile: Int32, num_n: Int32, num_hb: Int32, group: Int32):
 
 
 @cute.jit
-def pairs_for(num_m: Int32, num_heads: Int32, num_batch: Int32, ctas: cutlass.Constexpr[int]) -> Int32:
+def pairs_for(num_m: Int32, num_heads: Int32, num_batch: Int32, ctas: Int32) -> Int32:
     """1 when a masked persistent forward pairs its query tiles (more tiles than CTAs), else 0: with no more
     tiles than CTAs, pairing would put two tiles on one CTA where the grid runs them side by side (a causal
     call with seqlen_k >> seqlen_q, small windows: tiles of nearly equal length, up to 2x slower paired)."""

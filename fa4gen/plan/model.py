@@ -107,7 +107,7 @@ class KernelPlan:
     k_bytes: int = 0
     v_bytes: int = 0
     smem_bytes: int = 0  # dynamic shared memory per CTA (checked against the compiled struct)
-    persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count)
+    persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count; sm90: the compile-time stand-in, run time passes the GPU's)
     pipelines: tuple = ()  # fa4gen.plan.protocol.PipelineSpec
     named_barriers: tuple = ()  # fa4gen.plan.protocol.NamedBarrierSpec
     # backward family (fa4gen.plan.sm90.plan_backward)

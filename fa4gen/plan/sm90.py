@@ -23,7 +23,8 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
-PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the persistent grid's size (any count is correct, only slower)
+PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the compile-time stand-in for the persistent grid's size (the API
+# passes the GPU's SM count at run time; any count is correct)
 
 
 def _auto_tile_n(head_dim: int) -> int:
@@ -151,7 +152,8 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     if persistent:
         over = ("units of two query tiles, j and the last but j, longer first (equal work with a causal mask)"
                 if kind != "none" else "the query tiles")
-        notes.append(f"scheduler: persistent, {PERSISTENT_CTAS} CTAs striding over {over} (O in a buffer of "
+        notes.append(f"scheduler: persistent, one CTA per SM (the API passes the GPU's SM count: {PERSISTENT_CTAS} on an "
+                     f"H100 / H200 SXM) striding over {over} (O in a buffer of "
                      "its own, so the next tile's loads overlap this tile's last P·V and epilogue)")
     if spec.varlen:
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "

@@ -45,14 +45,13 @@ EPILOGUE_BARRIER = 1
 # a barrier of its own for "O is in shared memory": warps that only arrive there run on into the next tile,
 # and their next arrival must not count towards this one (the next tile's EPILOGUE_BARRIER is a full sync)
 O_STORED_BARRIER = 5
-PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM; any count is correct (the CTAs stride over tiles)
 
 
 class FlashFwdSm90:
     @cute.jit
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
-        scale_log2: Float32, chunk: Int32,
+        scale_log2: Float32, chunk: Int32, num_ctas: Int32,
         stream,
     ):
         # (b, s, h, d) -> (s, d, h, b); V becomes the (d, s) B operand of P·V
@@ -97,14 +96,15 @@ class FlashFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sO_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        # one CTA per SM (fewer when there are fewer units), striding over units of two query tiles
+        # one CTA per SM (num_ctas: the GPU's SM count, from the API; fewer when there are fewer units),
+        # striding over units of two query tiles
         num_m, num_heads, num_batch = cute.ceil_div(mQ.shape[0], TILE_M), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])
         # (tiles paired only when there are more tiles than CTAs: the kernel decides the same way)
-        num_units = schedule.paired_units(num_m, num_heads, num_batch, schedule.pairs_for(num_m, num_heads, num_batch, PERSISTENT_CTAS))
-        grid = (cutlass.min(num_units, PERSISTENT_CTAS), 1, 1)
+        num_units = schedule.paired_units(num_m, num_heads, num_batch, schedule.pairs_for(num_m, num_heads, num_batch, num_ctas))
+        grid = (cutlass.min(num_units, num_ctas), 1, 1)
         self.kernel(
             tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO,
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout, scale_log2, chunk,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout, scale_log2, chunk, num_ctas,
         ).launch(grid=grid, block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -113,7 +113,7 @@ class FlashFwdSm90:
         tma_v: cute.CopyAtom, mV: cute.Tensor, tma_o: cute.CopyAtom, mO: cute.Tensor,
         tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-        scale_log2: Float32, chunk: Int32,
+        scale_log2: Float32, chunk: Int32, num_ctas: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -139,7 +139,7 @@ class FlashFwdSm90:
         tile_stride, _, _ = cute.arch.grid_dim()
         num_m = cute.ceil_div(mQ.shape[0], TILE_M)
         num_heads, num_batch = cute.size(mQ.shape[2]), cute.size(mQ.shape[3])
-        pairs = schedule.pairs_for(num_m, num_heads, num_batch, PERSISTENT_CTAS)
+        pairs = schedule.pairs_for(num_m, num_heads, num_batch, num_ctas)
         num_units = schedule.paired_units(num_m, num_heads, num_batch, pairs)
 
         if warp_idx // 4 == 0:
@@ -414,6 +414,6 @@ def fake_arguments():
     return (
         fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM), fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM),
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V), fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM_V),
-        Float32(1.0), Int32(1),
+        Float32(1.0), Int32(1), Int32(132),
         fake.stream(),
     )

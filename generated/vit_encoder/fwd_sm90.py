@@ -43,7 +43,6 @@ EPILOGUE_BARRIER = 1
 # a barrier of its own for "O is in shared memory": warps that only arrive there run on into the next tile,
 # and their next arrival must not count towards this one (the next tile's EPILOGUE_BARRIER is a full sync)
 O_STORED_BARRIER = 5
-PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM; any count is correct (the CTAs stride over tiles)
 
 
 class FlashFwdSm90:
@@ -51,7 +50,7 @@ class FlashFwdSm90:
     def __call__(
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mO: cute.Tensor,
         mLSE: cute.Tensor,
-        scale_log2: Float32,
+        scale_log2: Float32, num_ctas: Int32,
         stream,
     ):
         # (b, s, h, d) -> (s, d, h, b); V becomes the (d, s) B operand of P·V
@@ -96,13 +95,14 @@ class FlashFwdSm90:
             sO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sO_layout)], 1024]
 
         self.shared_storage = SharedStorage
-        # one CTA per SM (fewer when there are fewer tiles), striding over the tiles
+        # one CTA per SM (num_ctas: the GPU's SM count, from the API; fewer when there are fewer tiles),
+        # striding over the tiles
         num_tiles = cute.ceil_div(mQ.shape[0], TILE_M) * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        grid = (cutlass.min(num_tiles, PERSISTENT_CTAS), 1, 1)
+        grid = (cutlass.min(num_tiles, num_ctas), 1, 1)
         self.kernel(
             tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO,
             mLSE,
-            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout, scale_log2,
+            tiled_mma_qk, tiled_mma_pv, sQ_layout, sK_layout, sV_layout, sO_layout, scale_log2, num_ctas,
         ).launch(grid=grid, block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -112,7 +112,7 @@ class FlashFwdSm90:
         mLSE: cute.Tensor,
         tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma, sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, sO_layout: cute.ComposedLayout,
-        scale_log2: Float32,
+        scale_log2: Float32, num_ctas: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -341,6 +341,6 @@ def fake_arguments():
         fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM), fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM),
         fake.bshd(DTYPE, b, s_k, h_kv, HEAD_DIM_V), fake.bshd(DTYPE, b, s_q, h_q, HEAD_DIM_V),
         fake.bhs_lse(b, h_q, s_q),
-        Float32(1.0),
+        Float32(1.0), Int32(132),
         fake.stream(),
     )
