@@ -68,3 +68,16 @@ def test_ab_compare_cancels_clock_drift_between_runs(tmp_path):
     text = (tmp_path / "ab.md").read_text()
     assert "| 128 | 8192 | n | 110.0 / 99.0 | 100.0 / 105.0 | 1.024 | 1.050 | 1.025 |" in text
     assert "(per round 1.000, 1.048)" in text
+
+
+def test_ab_compare_marks_a_cell_whose_raw_ratio_disagrees(tmp_path):
+    """One ref run's flash-attn-4 cell far off (session 16: 520.6 TFLOP/s against 464-483): the same-run ratio
+    says new is 13% faster, the raw TFLOP/s say equal; the table marks the cell instead of hiding it."""
+    _run(tmp_path / "new_1", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
+    _run(tmp_path / "ref_1", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
+    _run(tmp_path / "ref_2", [(128, 2048, True, 100.0, 130.0), (64, 512, True, 100.0, 100.0)])
+    _run(tmp_path / "new_2", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 128 | 2048 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.130 | 1.000 | 0.885 | 1.000 (!) |" in text
+    assert "| 64 | 512 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.000 | 1.000 | 1.000 | 1.000 |" in text

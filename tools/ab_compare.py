@@ -4,8 +4,10 @@ reference in every round, new/ref and each side's ratio to flash-attn-4, forward
 backward); then the geometric mean of new/ref and its spread over rounds. Each side's runs are separate
 processes whose clocks drift (the matmul rate moved 9% in 7 minutes in session 13), so new/ref divides
 each run's fa4gen cell by the same run's flash-attn-4 cell first — the same-run ratio — and falls back
-to raw TFLOP/s only where flash-attn-4 did not run. Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes
-DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
+to raw TFLOP/s only where flash-attn-4 did not run. The last column is the raw ratio of the means, marked
+when it differs from new/ref by more than 3%: then one run's flash-attn-4 cell was an outlier (session 16:
+520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look.
+Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
 """
 
 import argparse
@@ -34,6 +36,10 @@ def runs(ab_dir: Path, side: str) -> list[dict[tuple, dict]]:
     return found
 
 
+# new/ref through flash-attn-4 and the raw ratio differing by more than this marks a cell "(!)"
+RAW_DISAGREES = 0.03
+
+
 def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
     """fa4gen's cell in one run, relative to the same run's flash-attn-4 cell when it has one."""
     row = run[cell]
@@ -43,7 +49,8 @@ def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
 def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[list[str], list[float], list[list[float]]]:
     """(markdown lines, new/ref per cell, new/ref per cell and round pair)."""
     cells = [c for c in new[0] if all(c in r and r[c].get(col) is not None for r in new + ref)]
-    lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 |", "|---" * 8 + "|"]
+    lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 | raw new/ref |",
+             "|---" * 9 + "|"]
     ratios, per_round = [], []
     for c in cells:
         n = [r[c][col] for r in new]
@@ -55,8 +62,10 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[lis
         per_round.append([a / b for a, b in zip(rn, rf)])
         same_run = all(r[c].get(fa4_col) for r in new + ref)
         vs = (lambda x: f"{mean(x):.3f}") if same_run else (lambda x: "-")
+        raw = mean(n) / mean(f)
+        mark = " (!)" if same_run and abs(ratio / raw - 1) > RAW_DISAGREES else ""
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
-                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f} | {vs(rn)} | {vs(rf)} |")
+                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
     return lines, ratios, per_round
 
 
