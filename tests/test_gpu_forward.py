@@ -75,6 +75,16 @@ def _package(name: str):
     return importlib.import_module(f"generated.{name}")
 
 
+def _setup(name: str, seed_offset: int = 0):
+    """(package, lock, spec, torch dtype, head_dim, head_dim_v, a CUDA generator seeded from the name)."""
+    pkg = _package(name)
+    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
+    spec = lock["spec"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + seed_offset)
+    return pkg, lock, spec, dtype, spec["head_dim"], spec["head_dim_v"], gen
+
+
 def _semantics(lock: dict, window, chunk):
     mask = lock["spec"]["mask"]
     kind = mask["kind"]
@@ -94,13 +104,8 @@ def _poisoned_empty_lse(shape):
 
 @pytest.mark.parametrize("name", GENERATED + sorted(EXTRA))
 def test_forward_matches_reference(name):
-    pkg = _package(name)
-    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
-    spec = lock["spec"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
-    d, dv = spec["head_dim"], spec["head_dim_v"]
+    pkg, lock, spec, dtype, d, dv, gen = _setup(name)
     kind = spec["mask"]["kind"]
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
     for b, s_q, s_k, h, h_kv in SHAPES:
         if not spec["allow_gqa"] and h != h_kv:
             h_kv = h
@@ -164,13 +169,8 @@ def test_persistent_forward_strides_over_many_tiles(name):
     seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
 
-    pkg = _package(name)
+    pkg, lock, spec, dtype, d, dv, gen = _setup(name, 1)
     op = pkg._forward
-    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
-    spec = lock["spec"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
-    d, dv = spec["head_dim"], spec["head_dim_v"]
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
     (long_plan,) = op.long_plans["sm90"]
     long_q = long_plan["min_seqlen_q"]
     assert long_q <= PERSISTENT_MAX_SEQLEN_Q, long_q
@@ -212,13 +212,8 @@ def test_persistent_forward_on_fewer_sms(name):
     """The persistent forward launches one CTA per SM of the call's GPU (the API passes the count): a GPU
     with fewer SMs than an H200 (an H100 PCIe's 114, an H20's 78, a MIG slice's 16 or 1) runs the same kernel
     with fewer CTAs, each striding over more tiles — and, masked, pairing tiles from a smaller tile count on."""
-    pkg = _package(name)
+    pkg, lock, spec, dtype, d, dv, gen = _setup(name, 2)
     op = pkg._forward
-    lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
-    spec = lock["spec"]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
-    d, dv = spec["head_dim"], spec["head_dim_v"]
-    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 2)
     index = torch.cuda.current_device()
     sem = _semantics(lock, None, None)
     try:
