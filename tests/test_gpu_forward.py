@@ -216,9 +216,15 @@ def test_persistent_forward_on_fewer_sms(name):
     op = pkg._forward
     index = torch.cuda.current_device()
     sem = _semantics(lock, None, None)
+    real_launch, passed = op._launch, []
+    op._launch = lambda fn, device, args: passed.append(args[-1]) or real_launch(fn, device, args)
+    op._calls.clear()  # (a replayable launch of an earlier test would hold another count)
     try:
+        # (16 SMs: 96 tiles of d128, two blocks of units then a tail of 32 tiles; 50 tiles with an odd num_m, all
+        # of them tail: four snake rounds, the last partial)
         for sms, (b, s_q, s_k, h, h_kv) in ((114, (2, 700, 900, 8, 2)), (78, (3, 1000, 777, 16, 4)),
-                                            (16, (2, 1500, 1500, 4, 1)), (1, (1, 333, 500, 4, 4))):
+                                            (16, (2, 1500, 1500, 4, 1)), (16, (2, 600, 600, 5, 5)),
+                                            (1, (1, 333, 500, 4, 4))):
             if not spec["allow_gqa"]:
                 h_kv = h
             op._sm_count_by_device[index] = sms
@@ -230,8 +236,10 @@ def test_persistent_forward_on_fewer_sms(name):
                 pkg.attention(q, k, v, out=out)
             torch.cuda.synchronize()
             assert launched == ["fwd_sm90"] and op.forward_plan("sm90", s_q)["scheduler"] == "persistent", launched
+            assert passed[-1] == sms, (passed, sms)  # the kernel's last run-time argument: its CTA count
             _assert_matches(q, k, v, out, None, spec["softcap"], sem, f"{name} {sms} SMs shape={(b, s_q, s_k, h, h_kv)}")
     finally:  # (and the replayable launches, which hold the count they ran with)
+        del op._launch
         op._sm_count_by_device.pop(index, None)
         op._calls.clear()
 

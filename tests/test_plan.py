@@ -631,7 +631,7 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     for mask in ({"kind": "causal"}, {"kind": "sliding_window", "left": 100, "right": 0}, {"kind": "chunked", "chunk_size": 96}):
         plans = plan_kernels(spec_from_dict(_spec_dict(0, (128, None), "bf16", mask, {})), "sm90")
         assert [(q.module, q.scheduler) for q in plans] == [("fwd_sm90", "persistent"), ("fwd_sm90_long", "grid_lpt")]
-        # the producer's tile loop with the mask's key range needs 32 registers (it spilled at 24)
+        # producer / consumers 32 / 232 (measured faster than 24 / 240 with the flat tile loop, session 16)
         assert [(q.regs_producer, q.regs_consumer) for q in plans] == [(32, 232), (24, 240)]
     plans = plan_kernels(spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {})), "sm90")
     assert [(q.module, q.scheduler, q.tile_m) for q in plans] == [("fwd_sm90", "persistent", 128), ("fwd_sm90_long", "grid_lpt", 192)]

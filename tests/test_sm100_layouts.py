@@ -129,39 +129,50 @@ def _check_scheduler():
 
 
 def _check_paired_units():
-    for num_m, heads, batch in ((4, 3, 2), (5, 2, 3), (1, 4, 1), (2, 1, 1), (7, 1, 2)):
+    for num_m, heads, batch in ((4, 3, 2), (5, 2, 3), (1, 4, 1), (2, 1, 1), (7, 1, 2), (3, 5, 7), (9, 15, 1)):
         every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
-        # more tiles than CTAs pairs them; as many or fewer leaves one tile per unit
         tiles = num_m * heads * batch
+        # more tiles than CTAs pairs them; as many or fewer leaves one tile per CTA
         assert int(schedule.pairs_for(num_m, heads, batch, tiles)) == 0
         assert int(schedule.pairs_for(num_m, heads, batch, tiles - 1)) == 1
-        for pairs in (1, 0):
-            units = int(schedule.paired_units(num_m, heads, batch, pairs))
-            per_pair = (num_m + 1) // 2 if pairs else num_m
-            assert units == per_pair * heads * batch
-            seen = []
-            for u in range(units):
-                count = int(schedule.paired_tiles(u, num_m, pairs))
-                got = [tuple(int(x) for x in schedule.paired_tile(u, t, num_m, heads, pairs)) for t in range(count)]
-                # one (head, batch) pair per unit, its longer (later) tile first, tiles j and num_m - 1 - j
-                assert len({(h, b) for _, h, b in got}) == 1
-                if count == 2:
-                    assert got[0][0] + got[1][0] == num_m - 1 and got[0][0] > got[1][0]
-                elif pairs:
-                    assert 2 * got[0][0] == num_m - 1  # the middle tile of an odd num_m
-                else:
-                    assert got[0][0] == num_m - 1 - u % num_m  # unpaired: each pair's tiles longest first
-                _, h, b = got[0]
-                assert (h, b) == (u // per_pair % heads, u // per_pair // heads)  # a pair's units consecutive
+        for sms in sorted({1, 2, 3, 4, 5, 7, 16, 104, max(tiles - 1, 1), tiles, tiles + 3}):
+            pairs = int(schedule.pairs_for(num_m, heads, batch, sms))
+            # the host's grid, and each CTA's loop over paired_schedule's iterations
+            grid = min(int(schedule.paired_units(tiles, pairs)), sms)
+            seen, loads = [], []
+            for cta in range(grid):
+                iterations, *sched = (int(x) for x in schedule.paired_schedule(cta, grid, tiles, num_m, heads * batch))
+                got = [tuple(int(x) for x in schedule.paired_tile(k, cta, grid, num_m, heads, sched))
+                       for k in range(iterations)]
                 seen += got
+                loads.append(sum(m + 1 for m, _, _ in got))  # causal: tile m sees about m + 1 key blocks
+                if not pairs:
+                    assert len(got) == 1  # one tile per CTA
+                # the head: units of two tiles that together see num_m + 1 blocks, a (head, batch) pair's j and
+                # num_m - 1 - j, or two pairs' middle tiles
+                head_iters = sched[0]
+                assert head_iters % 2 == 0 and head_iters <= len(got)
+                for n in range(head_iters // 2):
+                    (m0, h0, b0), (m1, h1, b1) = got[2 * n], got[2 * n + 1]
+                    assert m0 + m1 == num_m - 1, (num_m, heads, batch, sms, got)
+                    assert (h0, b0) == (h1, b1) or 2 * m0 == num_m - 1, (num_m, sms, got)
+                # the tail: at most 4 tiles (fewer than 4 x grid tiles over grid CTAs)
+                assert len(got) - head_iters <= 4, (num_m, heads, batch, sms, got)
             # every (m_block, head, batch) once
-            assert sorted(seen) == every
+            assert sorted(seen) == every, (num_m, heads, batch, sms)
+            # balanced: no CTA above the mean by more than the longest tile (num_m blocks)
+            assert max(loads) <= sum(loads) / grid + num_m, (num_m, heads, batch, sms, loads)
+    # the order Z: per (head, batch) pair the longest, the shortest, the next longest, ..., the middle last
+    # (first, for a pair starting on an odd position)
+    sched = (2, 0, 0, 0, 0)  # two head iterations: the first block of an order with at least 4 x ctas tiles
+    assert [int(schedule.paired_tile(i % 2, i // 2, 5, 5, 2, sched)[0]) for i in range(10)] == [4, 0, 3, 1, 2, 2, 4, 0, 3, 1]
 
 
 def test_paired_units_cover_every_tile_once():
-    """fa4gen.device.schedule's paired units (the SM90 masked persistent forward's work order): every query tile
-    of every (head, batch) exactly once, tile j with num_m - 1 - j (the longer first), a pair's units consecutive;
-    unpaired when there are no more tiles than CTAs."""
+    """fa4gen.device.schedule's paired order (the SM90 masked persistent forward's work order): over every
+    CTA's loop every query tile runs once, each CTA runs units of two tiles whose causal cost is num_m + 1
+    key blocks and then at most four tiles of the longest-first tail, and no CTA's load exceeds the mean by
+    more than the longest tile; one tile per CTA when there are no more tiles than CTAs."""
     trace_in_kernel(_check_paired_units, "sm_90a")
 
 

@@ -22,7 +22,11 @@ striding statically (overhead `persistent_overhead`) over either the same longes
 two tiles j and num_m - 1 - j (fa4gen.device.schedule.paired_tile). The overheads are assumptions, not
 measurements. Prints each one's makespan and its ratio to the grid's.
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen` or `... persistent` (docs/STATUS.md, sessions 11
+`paired`: the masked persistent forward's static tile orders at the FA grid's token count (16k, hidden 2048,
+d64 and d128, seqlens 512-4096 by 128): session 15's nested units, its flat units to the end, and the
+kernel's order (units, then a longest-first tail in a snake, from fa4gen.device.schedule itself).
+
+Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent` or `... paired` (docs/STATUS.md, sessions 11
 and 14, quote their output).
 """
 
@@ -168,9 +172,57 @@ def static_stride(works, sms=132):
     return max(loads)
 
 
+def _tile_cost(m, overhead):
+    """Key blocks of causal query tile m (the diagonal block about half) plus a per-tile overhead."""
+    return m + 0.55 + overhead
+
+
+def paired_makespans(num_m, hb, sms=132, overhead=0.3):
+    """Makespans of a masked persistent forward's static tile orders (num_m query tiles for each of hb (head,
+    batch) pairs, min(units, sms) CTAs): `nested` (before session 16: each pair's units j / num_m - 1 - j, an
+    odd num_m's middle tile a unit alone, CTAs striding over units), `units` (session 15's flat loop: the
+    order Z in units to the end, blocks of 2 x CTAs), `kernel` (fa4gen.device.schedule.paired_schedule /
+    paired_tile as the kernel runs them: units, then a longest-first tail in a snake), and `ideal` (the
+    work over the CTAs)."""
+    from fa4gen.device import schedule
+
+    tiles = num_m * hb
+    n = min((tiles + 1) // 2, sms) if tiles > sms else tiles
+    nested_units = [[num_m - 1 - j] + ([j] if num_m - 1 - 2 * j > 0 else []) for _ in range(hb)
+                    for j in range((num_m + 1) // 2)]
+    nested_n = min(len(nested_units), sms)
+    nested = max(sum(_tile_cost(m, overhead) for unit in nested_units[c::nested_n] for m in unit)
+                 for c in range(nested_n))
+    units, kernel = [], []
+    for cta in range(n):
+        # session 15: flat index i = cta, cta + n, ...; the mapping with units to the end (a head of every block)
+        loads = 0.0
+        for i in range(cta, tiles, n):
+            base, rem = i // (2 * n) * 2 * n, i % (2 * n)
+            t, c = rem // n, rem % n
+            q = min(max(tiles - base - n, 0), n)
+            z = base + min(2 * c + t, c + q)
+            loads += _tile_cost(_z_tile(z, num_m), overhead)
+        units.append(loads)
+        iterations, *sched = schedule.paired_schedule(cta, n, tiles, num_m, hb)
+        kernel.append(sum(_tile_cost(schedule.paired_tile(k, cta, n, num_m, hb, sched)[0], overhead)
+                          for k in range(iterations)))
+    ideal = sum(_tile_cost(m, overhead) for m in range(num_m)) * hb / n
+    return {"nested": nested, "units": max(units), "kernel": max(kernel), "ideal": ideal}
+
+
+def _z_tile(z, num_m):
+    """Query tile at position z of the order Z (fa4gen.device.schedule.paired_tile's, written out)."""
+    hb, r = divmod(z, num_m)
+    s = r - (hb & num_m & 1)
+    s += num_m if s < 0 else 0
+    half, odd = s >> 1, s & 1
+    return num_m - 1 - half - odd * (num_m - 1 - 2 * half)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -187,6 +239,17 @@ def main(argv=None) -> int:
                         cells.append(f"group {group}: {base / t:.3f}")
                     print(f"det jitter {jitter} {'causal' if causal else 'no mask'} s{seqlen}: "
                           f"non-det / det (order rev) " + ", ".join(cells))
+    elif args.which == "paired":
+        for d in (64, 128):
+            rows = []
+            for seqlen in range(512, 4097, 128):
+                spans = paired_makespans(-(-seqlen // 128), 16384 // seqlen * (2048 // d), args.sms)
+                rows.append((seqlen, {k: v / spans["ideal"] for k, v in spans.items() if k != "ideal"}))
+            for name in ("nested", "units", "kernel"):
+                worst = max(rows, key=lambda r: r[1][name])
+                print(f"masked persistent d{d} causal, seqlen 512-4096: {name} mean "
+                      f"{statistics.mean(r[1][name] for r in rows):.3f}x a perfect balance, worst "
+                      f"{worst[1][name]:.3f} (s{worst[0]})")
     elif args.which == "persistent":
         for seqlen in (512, 1024, 2048, 4096, 8192):
             grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)

@@ -55,34 +55,97 @@ def pairs_for(num_m: Int32, num_heads: Int32, num_batch: Int32, ctas: Int32) -> 
 
 
 @cute.jit
-def paired_units(num_m: Int32, num_heads: Int32, num_batch: Int32, pairs: Int32) -> Int32:
-    """Work units of a masked persistent forward: per (head, batch) pair, query tile j paired with tile
-    num_m - 1 - j (ceil(num_m / 2) units; the middle tile alone when num_m is odd); with `pairs` 0, one
-    tile per unit (num_m units, the longest first)."""
-    return (num_m - pairs * (num_m // 2)) * num_heads * num_batch
+def paired_units(num_tiles: Int32, pairs: Int32) -> Int32:
+    """CTAs a masked persistent forward can use: one per unit of two tiles (ceil(num_tiles / 2)), or with
+    `pairs` 0 one per tile. The grid's CTA count is at most this."""
+    return (num_tiles + pairs) >> pairs
 
 
-@cute.jit
-def paired_tiles(unit: Int32, num_m: Int32, pairs: Int32) -> Int32:
-    """How many query tiles unit `unit` holds: 2, or 1 for the middle tile of an odd num_m (1 unpaired)."""
-    j = unit % (num_m - pairs * (num_m // 2))
-    return 1 + pairs * cutlass.min(num_m - 1 - 2 * j, 1)  # num_m - 1 - 2j: 0 for the middle tile, else >= 1
+def _pick(flag, a, b):
+    """a where flag is 1, b where it is 0 (flag an integer 0 / 1): arithmetic, so the tile mapping has no branch
+    (and works on Python ints too, for the CPU tests)."""
+    return b + flag * (a - b)
 
 
-@cute.jit
-def paired_tile(unit: Int32, t: Int32, num_m: Int32, num_heads: Int32, pairs: Int32):
-    """(m_block, head, batch) of the t-th tile (t < paired_tiles) of unit `unit`: the longer tile first.
+def _below(a, b):
+    """1 when a < b, else 0 (both well inside Int32)."""
+    return ((a - b) >> 31) & 1
 
-    With a causal mask tile m sees about m + 1 key blocks, so each pair of tiles j and num_m - 1 - j costs
-    about num_m + 1 blocks: the units cost the same, and CTAs that stride over them (unit i, i + CTAs, ...)
-    stay balanced without a dynamic scheduler. The units of a (head, batch) pair are consecutive, so the CTAs
-    in flight share the K/V of a few pairs in L2. Windows and chunks give the tiles nearly equal lengths:
-    any pairing balances those. Unpaired (`pairs` 0), unit j of a pair is its tile num_m - 1 - j."""
-    per_pair = num_m - pairs * (num_m // 2)
-    j = unit % per_pair
-    hb = unit // per_pair
-    m_block = num_m - 1 - j - t * (num_m - 1 - 2 * j)  # t = 0: num_m - 1 - j, t = 1: j
-    return m_block, hb % num_heads, hb // num_heads
+
+def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num_hb: Int32):
+    """Per-CTA constants of a masked persistent forward's tile order (computed once, before the tile loop):
+    (iterations, head_iters, tail_z, pre, tail_hb, tail_pairs) for `paired_tile`.
+
+    The order has a head and a tail. The head is every block of 2 x ctas flat positions but the last whole one:
+    in block b, CTA c runs the unit at positions 2c and 2c + 1 of the order Z (see `paired_tile`), back to back.
+    The tail is the rest, the last whole block and the partial one (2 x ctas to 4 x ctas tiles, or every tile
+    when there are fewer than 2 x ctas): its tiles go longest first — the rest of the (head, batch) pair the head
+    ended inside (`pre` tiles, in Z order), then the whole pairs from `tail_hb` on (`tail_pairs` of them) by
+    level, every pair's tile num_m - 1, then every pair's num_m - 2, ... — and are dealt to the CTAs in a snake,
+    round r forwards when r is even and backwards when odd, so the CTA with the longest tile of one round gets
+    the shortest of the next. Units of equal cost balance the head; the snake spreads the tail, which units
+    would leave to one tile or unit per CTA (a tile model over seqlens 512-4096, 16k tokens, 132 SMs: the
+    makespan over a perfect balance 1.037 -> 1.009 at d64 and 1.062 -> 1.019 at d128, worst 1.12 -> 1.03;
+    a greedy longest-first tail: 1.007 / 1.015)."""
+    two = 2 * ctas
+    head_blocks = cutlass.max(num_tiles // two - 1, 0)
+    head_iters = 2 * head_blocks
+    tail_z = head_blocks * two
+    hb0 = tail_z // num_m
+    s0 = tail_z - hb0 * num_m
+    partial = cutlass.min(s0, 1)
+    pre = partial * (num_m - s0)
+    tail_hb = hb0 + partial
+    tail = num_tiles - tail_z
+    rounds = tail // ctas
+    left = tail - rounds * ctas  # tiles of the last, partial round
+    lane = _pick(rounds & 1, ctas - 1 - cta, cta)  # this CTA's place in that round
+    return head_iters + rounds + _below(lane, left), head_iters, tail_z, pre, tail_hb, num_hb - tail_hb
+
+
+def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int32, schedule,
+                m_div=None, heads_div=None, pairs_div=None):
+    """(m_block, head, batch) of the work tile CTA `cta` of a masked persistent forward runs in iteration `k` of
+    its loop over `paired_schedule(...)[0]` iterations (`schedule`: the rest of that tuple; `ctas`: the grid's
+    size, `paired_units` or fewer).
+
+    The order Z: per (head, batch) pair, query tiles num_m - 1, 0, num_m - 2, 1, ... (the longest, the
+    shortest, the next longest, ...), an odd num_m's middle tile last; a pair that starts on an odd position
+    of Z (an odd num_m and an odd pair) puts its middle tile first instead, so it closes the unit the previous
+    pair's middle tile opened. A unit is two consecutive tiles of Z (an even and an odd position): with a
+    causal mask tile m sees about m + 1 key blocks, so every unit costs num_m + 1 blocks, and CTAs that stride
+    over units stay balanced without a dynamic scheduler; the units of a pair are consecutive, so the CTAs in
+    flight share the K/V of a few pairs in L2. The tail (`paired_schedule`) goes longest first in a snake.
+    Windows and chunks give the tiles nearly equal lengths: any order balances those. A brute force over
+    shapes and SM counts (tests/test_sm100_layouts.py) covers every tile once.
+
+    No division by a run-time value per tile: the head's block and half are shifts of k, and num_m, num_heads
+    and the tail's pair count divide through FastDivmod divisors the kernel makes once (`m_div`, `heads_div`,
+    `pairs_div`; None: plain division, for the CPU tests). Session 16 measured the flat index's two divisions
+    by the grid size per tile: d64 causal 786 instructions per tile outside the key-block loops against 719
+    with this form, its tail included (CPU SASS), and 1-5% slower than session 15's nested loop at d64 (H200). The kernel passes
+    the results through `cute.arch.make_warp_uniform` (a few instructions fewer per key block, CPU SASS).
+    Check `tools/sass_loops.py specs/llama3_8b.yaml` after any change here."""
+    head_iters, tail_z, pre, tail_hb, tail_pairs = schedule
+    in_tail = 1 - _below(k, head_iters)
+    r = k - head_iters
+    rank = r * ctas + _pick(r & 1, ctas - 1 - cta, cta)  # the tail's order, dealt in a snake
+    z = _pick(in_tail, tail_z + rank, (k >> 1) * (2 * ctas) + 2 * cta + (k & 1))
+    hb = z // (num_m if m_div is None else m_div)
+    s = z - hb * num_m
+    odd_start = hb & num_m & 1  # this pair's tiles start on an odd position of Z
+    s -= odd_start
+    s += (s >> 31) & num_m  # -1 (odd start, position 0) -> num_m - 1: the middle tile first
+    half, odd = s >> 1, s & 1
+    m_block = num_m - 1 - half - odd * (num_m - 1 - 2 * half)  # s even: num_m - 1 - s / 2; odd: s // 2
+    # the tail past its partial pair: by level (longest first), the pairs in order inside a level
+    by_level = in_tail * (1 - _below(rank, pre))
+    j = cutlass.max(rank - pre, 0)
+    level = j // (cutlass.max(tail_pairs, 1) if pairs_div is None else pairs_div)
+    hb = _pick(by_level, tail_hb + j - level * tail_pairs, hb)
+    m_block = _pick(by_level, num_m - 1 - level, m_block)
+    batch = hb // (num_heads if heads_div is None else heads_div)
+    return m_block, hb - batch * num_heads, batch
 
 
 # bytes of L2 the longest-first forward plans to keep K/V of a group's heads in (flash-attn-4's figure

@@ -96,16 +96,14 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     )
     # not packed, one CTA per SM strides over the query tiles when O fits a buffer of its own: the next tile's
     # Q and K/V then load while this tile finishes, instead of after the CTA exits. A masked d <= 64 spec with
-    # its 192-row kernel for long calls (from LONG_SEQLEN_Q, below PERSISTENT_MAX_SEQLEN_Q) runs that kernel as
-    # the twin: on GPUs the persistent grid does not fit, its short calls take the 192-row tiles too
+    # its 192-row kernel for long calls (from LONG_SEQLEN_Q, below PERSISTENT_MAX_SEQLEN_Q) has that kernel as
+    # the twin
     persistent = allow_persistent and _persistent_fits(spec, smem, tile_m, tile_n, elem)
     if persistent and spec.mask.kind != "none":
-        # the producer's tile loop with the mask's key range spilled at 24 registers (8 LDL/STL, CPU compile of
-        # llama4_chunked / fa4_pipeline, session 14): 32, with the consumers' budget lowered to match
-        # (two consumer warpgroups only: three would drop to 152 registers, not compiled or measured)
-        masked_consumer = PERSISTENT_MASKED_REGS_CONSUMER if num_wg == 2 else 0
-        if regs <= masked_consumer:
-            regs_producer, regs_consumer = max(regs_producer, PERSISTENT_MASKED_REGS_PRODUCER), masked_consumer
+        # masked: two consumer warpgroups only (three have not been compiled or measured persistent), producer /
+        # consumers at 32 / 232 registers (session 16, H200: 1-2% faster than 24 / 240 at d64 causal s640-1152)
+        if num_wg == 2 and regs <= PERSISTENT_MASKED_REGS_CONSUMER:
+            regs_producer, regs_consumer = PERSISTENT_MASKED_REGS_PRODUCER, PERSISTENT_MASKED_REGS_CONSUMER
         else:
             persistent = False
     if persistent:
@@ -150,7 +148,8 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
     if persistent:
-        over = ("units of two query tiles, j and the last but j, longer first (equal work with a causal mask)"
+        over = ("units of two query tiles, j and the last but j (equal work with a causal mask), then the last "
+                "tiles longest first"
                 if kind != "none" else "the query tiles")
         notes.append(f"scheduler: persistent, one CTA per SM (the API passes the GPU's SM count: {PERSISTENT_CTAS} on an "
                      f"H100 / H200 SXM) striding over {over} (O in a buffer of "
@@ -199,8 +198,9 @@ PERSISTENT_MAX_SEQLEN_Q = 4096
 # memory but have not run persistent on a GPU), and key blocks of at most 160 (a CPU spill sweep of hand-set tiles,
 # session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid twin none).
 PERSISTENT_MAX_HEAD_DIM = 128
-# masked persistent forwards (two consumer warpgroups): producer / consumer registers (32 x 128 + 232 x 256
-# of the 64K register file)
+# masked persistent forwards: producer / consumer registers (32 x 128 + 232 x 256 of the 64K register file). Session
+# 14's nested loop spilled the producer at 24; the flat loop compiles clean at 24 / 240 too, but measured 1-2% slower
+# than at 32 / 232 (session 16, d64 causal s640 / 1024 / 1152, two runs each, docs/perf/2026-11-30_s16_*)
 PERSISTENT_MASKED_REGS_PRODUCER = 32
 PERSISTENT_MASKED_REGS_CONSUMER = 232
 PERSISTENT_MAX_TILE_N = 160
