@@ -48,7 +48,7 @@ def test_producer_registers_move_only_at_208_240_and_in_masked_persistent_forwar
         want = (32, 232)
     else:
         want = (24, plan.regs_consumer)
-    assert plan.scheduler == ("persistent" if d <= 128 else "grid_lpt"), d
+    assert plan.scheduler == ("persistent" if d <= 128 else "grid_lpt"), d  # (PERSISTENT_MAX_HEAD_DIM_MASKED)
     assert (plan.regs_producer, plan.regs_consumer) == want, d
     assert 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer <= 64512
 

@@ -603,7 +603,7 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         return plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline or {}, **kw)), "sm90")[0]
 
     none = {"kind": "none"}
-    for hd in ((64, None), (96, None), (128, None)):
+    for hd in ((64, None), (96, None), (128, None), (144, None), (160, None)):
         p = fwd(hd, none)
         assert (p.scheduler, p.persistent_ctas) == ("persistent", 132), hd
         d, e = hd[0], 2
@@ -617,10 +617,13 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
             "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q"}
         assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
         assert any("dispatch" in n for n in plans[1].notes)
-    # d256 and (192, 128): O has no room of its own; 144/160: room, but not run persistent on a GPU yet
-    for hd in ((256, None), (192, 128), (144, None), (160, None)):
+    # d176 and up, (192, 128): O has no room of its own (or past PERSISTENT_MAX_HEAD_DIM)
+    for hd in ((176, None), (256, None), (192, 128)):
         assert (fwd(hd, none).scheduler, fwd(hd, none).persistent_ctas) == ("grid", 0), hd
         assert len(plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")) == 1
+    # masked, 144 / 160 stay one CTA per tile (their persistent loops lost the uniform descriptors, CPU SASS)
+    for hd in ((144, None), (160, None)):
+        assert fwd(hd, {"kind": "causal"}).scheduler == "grid_lpt", hd
     # hand-set key blocks of 192: the tile loop's state spilled (CPU sweep), so one CTA per tile
     assert fwd((128, None), none, {"tile_n": 192, "kv_stages": 1}).scheduler == "grid"
     assert fwd((64, None), none, {"tile_n": 192, "tile_m": 128}).scheduler == "grid"

@@ -194,10 +194,15 @@ LONG_SEQLEN_Q = 2048
 PERSISTENT_MAX_SEQLEN_Q = 4096
 
 
-# Where the persistent forward is planned: head dims it ran on the H200 (64/96/128; 144/160 would fit its shared
-# memory but have not run persistent on a GPU), and key blocks of at most 160 (a CPU spill sweep of hand-set tiles,
-# session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid twin none).
-PERSISTENT_MAX_HEAD_DIM = 128
+# Where the persistent forward is planned: head dims up to 160 without a mask (64/96/128 ran on the H200 in sessions 14-15; 144 and
+# 160, with 112-key blocks, fit Q, O and two K/V stages in shared memory and compile without LDL/STL: CPU sweep,
+# session 15; d192 and up leave no room for O's own buffer), and key blocks of at most 160 (a CPU spill sweep of
+# hand-set tiles, session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid
+# twin none). Masked, up to 128, the head dims measured masked persistent on the H200 (session 15's d160 masked
+# persistent loops: 747 / 642 instructions per key block against the one-CTA-per-tile kernel's 609 / 529, CPU SASS;
+# without a mask 559 against 509, as d128's 515 against 485).
+PERSISTENT_MAX_HEAD_DIM = 160
+PERSISTENT_MAX_HEAD_DIM_MASKED = 128
 # masked persistent forwards: producer / consumer registers (32 x 128 + 232 x 256 of the 64K register file). Session
 # 14's nested loop spilled the producer at 24; the flat loop compiles clean at 24 / 240 too, but measured 1-2% slower
 # than at 32 / 232 (session 16, d64 causal s640 / 1024 / 1152, two runs each, docs/perf/2026-11-30_s16_*)
@@ -208,7 +213,9 @@ PERSISTENT_MAX_TILE_N = 160
 
 def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, elem: int) -> bool:
     return (not spec.varlen
-            and max(spec.head_dim, spec.head_dim_v) <= PERSISTENT_MAX_HEAD_DIM and tile_n <= PERSISTENT_MAX_TILE_N
+            and max(spec.head_dim, spec.head_dim_v) <= (PERSISTENT_MAX_HEAD_DIM if spec.mask.kind == "none"
+                                                        else PERSISTENT_MAX_HEAD_DIM_MASKED)
+            and tile_n <= PERSISTENT_MAX_TILE_N
             and smem + tile_m * spec.head_dim_v * elem <= SMEM_BUDGET)
 
 
