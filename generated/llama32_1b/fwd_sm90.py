@@ -100,8 +100,8 @@ class FlashFwdSm90:
         # one CTA per SM (num_ctas: the GPU's SM count, from the API; fewer when there are fewer units),
         # striding over units of two query tiles
         num_m, num_heads, num_batch = cute.ceil_div(mQ.shape[0], TILE_M), cute.size(mQ.shape[2]), cute.size(mQ.shape[3])
-        # (tiles paired only when there are more tiles than CTAs: the kernel decides the same way)
-        num_units = schedule.paired_units(num_m, num_heads, num_batch, schedule.pairs_for(num_m, num_heads, num_batch, num_ctas))
+        # (tiles paired only when there are more tiles than CTAs; the kernel's order follows the grid's size)
+        num_units = schedule.paired_units(num_m * num_heads * num_batch, schedule.pairs_for(num_m, num_heads, num_batch, num_ctas))
         grid = (cutlass.min(num_units, num_ctas), 1, 1)
         self.kernel(
             tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO,
@@ -135,15 +135,21 @@ class FlashFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        # persistent: each CTA strides over work units, each a (head, batch) pair's query tiles j and
-        # num_m - 1 - j, the longer first (schedule.paired_tile: with a causal mask every unit costs about
-        # the same); the producer runs ahead into the next tile's Q and K/V while the consumers finish this one
+        # persistent: each CTA runs units of two query tiles in one loop (schedule.paired_tile: tiles j and
+        # num_m - 1 - j, so with a causal mask every unit costs the same), then its share of the last tiles,
+        # longest first in a snake; the producer runs ahead into the next tile's Q and K/V while the consumers
+        # finish this one
         first_tile, _, _ = cute.arch.block_idx()
         tile_stride, _, _ = cute.arch.grid_dim()
         num_m = cute.ceil_div(mQ.shape[0], TILE_M)
         num_heads, num_batch = cute.size(mQ.shape[2]), cute.size(mQ.shape[3])
-        pairs = schedule.pairs_for(num_m, num_heads, num_batch, num_ctas)
-        num_units = schedule.paired_units(num_m, num_heads, num_batch, pairs)
+        num_tiles = num_m * num_heads * num_batch
+        # this CTA's tile order (schedule.paired_schedule: units of two tiles, then a longest-first tail) and the
+        # divisors of its index math, made once: a division by a run-time value costs ~20 instructions a tile
+        tile_iterations, *tile_schedule = schedule.paired_schedule(first_tile, tile_stride, num_tiles, num_m,
+                                                                   num_heads * num_batch)
+        m_div, heads_div = cute.fast_divmod_create_divisor_v2(num_m), cute.fast_divmod_create_divisor_v2(num_heads)
+        pairs_div = cute.fast_divmod_create_divisor_v2(cutlass.max(tile_schedule[-1], 1))
 
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
@@ -151,45 +157,50 @@ class FlashFwdSm90:
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
-                for unit in cutlass.range(first_tile, num_units, tile_stride, unroll=1):
-                    for t in cutlass.range(schedule.paired_tiles(unit, num_m, pairs), unroll=1):
-                        m_block, head, batch = schedule.paired_tile(unit, t, num_m, num_heads, pairs)
-                        head_kv = head // (mQ.shape[2] // mK.shape[2])
-                        seqlen_q = mQ.shape[0]
-                        seqlen_k = mK.shape[0]
-                        mQ_s, mK_s = mQ[None, None, head, batch], mK[None, None, head_kv, batch]
-                        mV_s, mO_s = mV[None, None, head_kv, batch], mO[None, None, head, batch]
-                        mLSE_s = mLSE[batch, head, None]
-                        bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
-                        n_min, n_max = mask.n_block_range(bounds, TILE_N)
+                for k in cutlass.range(tile_iterations, unroll=1):
+                    m_block, head, batch = schedule.paired_tile(
+                        k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div
+                    )
+                    # (marked warp-uniform: a few instructions fewer per key block, CPU SASS, session 16)
+                    m_block = cute.arch.make_warp_uniform(m_block)
+                    head = cute.arch.make_warp_uniform(head)
+                    batch = cute.arch.make_warp_uniform(batch)
+                    head_kv = head // (mQ.shape[2] // mK.shape[2])
+                    seqlen_q = mQ.shape[0]
+                    seqlen_k = mK.shape[0]
+                    mQ_s, mK_s = mQ[None, None, head, batch], mK[None, None, head_kv, batch]
+                    mV_s, mO_s = mV[None, None, head_kv, batch], mO[None, None, head, batch]
+                    mLSE_s = mLSE[batch, head, None]
+                    bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
+                    n_min, n_max = mask.n_block_range(bounds, TILE_N)
 
-                        # Load role: Q once per tile, then K and V per key block, last block first
-                        gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (m_block, 0))
-                        gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (None, 0))
-                        gV = cute.local_tile(mV_s, (HEAD_DIM_V, TILE_N), (0, None))
-                        tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
-                        tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
-                        tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                        pipe_q.producer_acquire(q_state)
-                        cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                        q_state.advance()
-                        # K of a block is needed before V of the block after it: load in the consumers' order
-                        for i in cutlass.range(n_max - n_min, unroll=1):
-                            n_block = n_max - 1 - i
-                            pipe_k.producer_acquire(k_state)
-                            cute.copy(tma_k, tKgK[None, n_block], tKsK[None, k_state.index],
-                                      tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
-                            k_state.advance()
-                            if i > 0:
-                                pipe_v.producer_acquire(v_state)
-                                cute.copy(tma_v, tVgV[None, n_block + 1], tVsV[None, v_state.index],
-                                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
-                                v_state.advance()
-                        if n_max > n_min:
+                    # Load role: Q once per tile, then K and V per key block, last block first
+                    gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (m_block, 0))
+                    gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (None, 0))
+                    gV = cute.local_tile(mV_s, (HEAD_DIM_V, TILE_N), (0, None))
+                    tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
+                    tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
+                    tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    q_state.advance()
+                    # K of a block is needed before V of the block after it: load in the consumers' order
+                    for i in cutlass.range(n_max - n_min, unroll=1):
+                        n_block = n_max - 1 - i
+                        pipe_k.producer_acquire(k_state)
+                        cute.copy(tma_k, tKgK[None, n_block], tKsK[None, k_state.index],
+                                  tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                        k_state.advance()
+                        if i > 0:
                             pipe_v.producer_acquire(v_state)
-                            cute.copy(tma_v, tVgV[None, n_min], tVsV[None, v_state.index],
+                            cute.copy(tma_v, tVgV[None, n_block + 1], tVsV[None, v_state.index],
                                       tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
                             v_state.advance()
+                    if n_max > n_min:
+                        pipe_v.producer_acquire(v_state)
+                        cute.copy(tma_v, tVgV[None, n_min], tVsV[None, v_state.index],
+                                  tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                        v_state.advance()
 
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
@@ -216,166 +227,171 @@ class FlashFwdSm90:
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
             q_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, KV_STAGES)
-            for unit in cutlass.range(first_tile, num_units, tile_stride, unroll=1):
-                for t in cutlass.range(schedule.paired_tiles(unit, num_m, pairs), unroll=1):
-                    m_block, head, batch = schedule.paired_tile(unit, t, num_m, num_heads, pairs)
-                    head_kv = head // (mQ.shape[2] // mK.shape[2])
-                    seqlen_q = mQ.shape[0]
-                    seqlen_k = mK.shape[0]
-                    mQ_s, mK_s = mQ[None, None, head, batch], mK[None, None, head_kv, batch]
-                    mV_s, mO_s = mV[None, None, head_kv, batch], mO[None, None, head, batch]
-                    mLSE_s = mLSE[batch, head, None]
-                    bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
-                    n_min, n_max = mask.n_block_range(bounds, TILE_N)
+            for k in cutlass.range(tile_iterations, unroll=1):
+                m_block, head, batch = schedule.paired_tile(
+                    k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div
+                )
+                # (marked warp-uniform: a few instructions fewer per key block, CPU SASS, session 16)
+                m_block = cute.arch.make_warp_uniform(m_block)
+                head = cute.arch.make_warp_uniform(head)
+                batch = cute.arch.make_warp_uniform(batch)
+                head_kv = head // (mQ.shape[2] // mK.shape[2])
+                seqlen_q = mQ.shape[0]
+                seqlen_k = mK.shape[0]
+                mQ_s, mK_s = mQ[None, None, head, batch], mK[None, None, head_kv, batch]
+                mV_s, mO_s = mV[None, None, head_kv, batch], mO[None, None, head, batch]
+                mLSE_s = mLSE[batch, head, None]
+                bounds = mask.tile_bounds(m_block, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK)
+                n_min, n_max = mask.n_block_range(bounds, TILE_N)
 
-                    acc_O.fill(0.0)
-                    rows = softmax.RowState.create(cute.size(o_rc, mode=[0]))
-                    pipe_q.consumer_wait(q_cstate)
-                    if wg_c == NUM_MMA_WG - 1:
-                        # the last warpgroup hands the first turn on the tensor core to warpgroup 0
-                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
-                    n_hi, n_lo = mask.mask_phases(bounds, n_min, n_max, TILE_N)
-                    if n_max > n_min:
-                        # first (highest) key block: S only; its P·V is issued together with the next S
-                        n_block = n_max - 1
-                        pipe_k.consumer_wait(kv_state)
-                        warpgroup.fence()
-                        tSrQ_0 = tSrQ[None, None, None, 0]
-                        tSrK_kv = tSrK[None, None, None, kv_state.index]
-                        for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        pipe_k.consumer_release(kv_state)
-                        mask.apply_mask(
-                            s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                            Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
-                        )
-                        softmax.online_softmax_step(
-                            s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                            is_first=True,
-                        )
-                        tOrP_c.store(acc_S.load().to(DTYPE))
-                    for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
-                        n_block = n_max - 1 - 1 - i
-                        v_state = kv_state.clone()
-                        kv_state.advance()
-                        pipe_k.consumer_wait(kv_state)
-                        cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
-
-                        # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
-                        warpgroup.fence()
-                        tSrQ_0 = tSrQ[None, None, None, 0]
-                        tSrK_kv = tSrK[None, None, None, kv_state.index]
-                        for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                        warpgroup.commit_group()
-                        pipe_v.consumer_wait(v_state)
-                        warpgroup.fence()
-                        tOrV_st = tOrV[None, None, None, v_state.index]
-                        for k in cutlass.range_constexpr(TILE_N // 16):
-                            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                        warpgroup.commit_group()
-                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
-
-                        warpgroup.wait_group(1)
-                        pipe_k.consumer_release(kv_state)
-                        mask.apply_mask(
-                            s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                            Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
-                        )
-                        softmax.online_softmax_step(
-                            s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                            is_first=False,
-                        )
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
-                        softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                        tOrP_c.store(acc_S.load().to(DTYPE))
-                    for i in cutlass.range(n_hi - n_lo, unroll=1):
-                        n_block = n_hi - 1 - i
-                        v_state = kv_state.clone()
-                        kv_state.advance()
-                        pipe_k.consumer_wait(kv_state)
-                        cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
-
-                        # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
-                        warpgroup.fence()
-                        tSrQ_0 = tSrQ[None, None, None, 0]
-                        tSrK_kv = tSrK[None, None, None, kv_state.index]
-                        for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                            cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                        warpgroup.commit_group()
-                        pipe_v.consumer_wait(v_state)
-                        warpgroup.fence()
-                        tOrV_st = tOrV[None, None, None, v_state.index]
-                        for k in cutlass.range_constexpr(TILE_N // 16):
-                            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                        warpgroup.commit_group()
-                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
-
-                        warpgroup.wait_group(1)
-                        pipe_k.consumer_release(kv_state)
-                        softmax.online_softmax_step(
-                            s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                            is_first=False,
-                        )
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
-                        softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                        tOrP_c.store(acc_S.load().to(DTYPE))
-
-                    # every S of this tile has completed (waited for in its block): Q's buffer is free
-                    pipe_q.consumer_release(q_cstate)
-                    q_cstate.advance()
-                    if n_max > n_min:
-                        # last P·V
-                        pipe_v.consumer_wait(kv_state)
-                        warpgroup.fence()
-                        tOrV_st = tOrV[None, None, None, kv_state.index]
-                        for k in cutlass.range_constexpr(TILE_N // 16):
-                            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                        warpgroup.commit_group()
-                        warpgroup.wait_group(0)
-                        pipe_v.consumer_release(kv_state)
-                        kv_state.advance()
-                    if wg_c == 0:
-                        # take the last warpgroup's final hand-over: every turn given is taken
-                        cute.arch.barrier(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
-
-                    # Epilogue: normalize O; write LSE; O -> smem (its own buffer) -> TMA store
-                    lse = softmax.finalize(o_rc, rows, scale_log2)
-                    tOcO_rc = frag.rows_cols(thr_pv.partition_C(cute.make_identity_tensor((TILE_M, HEAD_DIM_V))))
-                    if tOcO_rc[0, 0][1] == 0:
-                        for r in cutlass.range_constexpr(cute.size(lse)):
-                            row = m_block * TILE_M + tOcO_rc[r, 0][0]
-                            if row < seqlen_q:
-                                mLSE_s[row] = lse[r]
-                    rO = cute.make_rmem_tensor(acc_O.layout, DTYPE)
-                    rO.store(acc_O.load().to(DTYPE))
-                    if warp_idx == 4:
-                        # the previous tile's O store has read sO (the barrier below holds the other warps)
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-                    copy_r2s = cute.make_tiled_copy_C(
-                        cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), tiled_mma_pv
+                acc_O.fill(0.0)
+                rows = softmax.RowState.create(cute.size(o_rc, mode=[0]))
+                pipe_q.consumer_wait(q_cstate)
+                if wg_c == NUM_MMA_WG - 1:
+                    # the last warpgroup hands the first turn on the tensor core to warpgroup 0
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
+                n_hi, n_lo = mask.mask_phases(bounds, n_min, n_max, TILE_N)
+                if n_max > n_min:
+                    # first (highest) key block: S only; its P·V is issued together with the next S
+                    n_block = n_max - 1
+                    pipe_k.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrK_kv = tSrK[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+                    mask.apply_mask(
+                        s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                        Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
                     )
-                    thr_r2s = copy_r2s.get_slice(tidx_c)
-                    cute.copy(copy_r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    # only the storing warp waits for everyone's O in shared memory; the others move on
-                    if warp_idx == 4:
-                        cute.arch.barrier(barrier_id=O_STORED_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-                    else:
-                        cute.arch.barrier_arrive(barrier_id=O_STORED_BARRIER, number_of_threads=NUM_MMA_WG * 128)
-                    if warp_idx == 4:
-                        gO = cute.local_tile(mO_s, (TILE_M, HEAD_DIM_V), (m_block, 0))
-                        tOsO, tOgO = hopper.tma_split(tma_o, sO, gO)
-                        cute.copy(tma_o, tOsO, tOgO)
-                        cute.arch.cp_async_bulk_commit_group()
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=True,
+                    )
+                    tOrP_c.store(acc_S.load().to(DTYPE))
+                for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
+                    n_block = n_max - 1 - 1 - i
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
+                    # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
+                    warpgroup.fence()
+                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrK_kv = tSrK[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                    warpgroup.commit_group()
+                    pipe_v.consumer_wait(v_state)
+                    warpgroup.fence()
+                    tOrV_st = tOrV[None, None, None, v_state.index]
+                    for k in cutlass.range_constexpr(TILE_N // 16):
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                    warpgroup.commit_group()
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(kv_state)
+                    mask.apply_mask(
+                        s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                        Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
+                    )
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=False,
+                    )
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                    tOrP_c.store(acc_S.load().to(DTYPE))
+                for i in cutlass.range(n_hi - n_lo, unroll=1):
+                    n_block = n_hi - 1 - i
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
+                    # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
+                    warpgroup.fence()
+                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrK_kv = tSrK[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                    warpgroup.commit_group()
+                    pipe_v.consumer_wait(v_state)
+                    warpgroup.fence()
+                    tOrV_st = tOrV[None, None, None, v_state.index]
+                    for k in cutlass.range_constexpr(TILE_N // 16):
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                    warpgroup.commit_group()
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(kv_state)
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=False,
+                    )
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                    tOrP_c.store(acc_S.load().to(DTYPE))
+
+                # every S of this tile has completed (waited for in its block): Q's buffer is free
+                pipe_q.consumer_release(q_cstate)
+                q_cstate.advance()
+                if n_max > n_min:
+                    # last P·V
+                    pipe_v.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    tOrV_st = tOrV[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(TILE_N // 16):
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+                if wg_c == 0:
+                    # take the last warpgroup's final hand-over: every turn given is taken
+                    cute.arch.barrier(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
+
+                # Epilogue: normalize O; write LSE; O -> smem (its own buffer) -> TMA store
+                lse = softmax.finalize(o_rc, rows, scale_log2)
+                tOcO_rc = frag.rows_cols(thr_pv.partition_C(cute.make_identity_tensor((TILE_M, HEAD_DIM_V))))
+                if tOcO_rc[0, 0][1] == 0:
+                    for r in cutlass.range_constexpr(cute.size(lse)):
+                        row = m_block * TILE_M + tOcO_rc[r, 0][0]
+                        if row < seqlen_q:
+                            mLSE_s[row] = lse[r]
+                rO = cute.make_rmem_tensor(acc_O.layout, DTYPE)
+                rO.store(acc_O.load().to(DTYPE))
+                if warp_idx == 4:
+                    # the previous tile's O store has read sO (the barrier below holds the other warps)
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+                copy_r2s = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), tiled_mma_pv
+                )
+                thr_r2s = copy_r2s.get_slice(tidx_c)
+                cute.copy(copy_r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+                cute.arch.fence_proxy("async.shared", space="cta")
+                # only the storing warp waits for everyone's O in shared memory; the others move on
+                if warp_idx == 4:
+                    cute.arch.barrier(barrier_id=O_STORED_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=O_STORED_BARRIER, number_of_threads=NUM_MMA_WG * 128)
+                if warp_idx == 4:
+                    gO = cute.local_tile(mO_s, (TILE_M, HEAD_DIM_V), (m_block, 0))
+                    tOsO, tOgO = hopper.tma_split(tma_o, sO, gO)
+                    cute.copy(tma_o, tOsO, tOgO)
+                    cute.arch.cp_async_bulk_commit_group()
 
             if warp_idx == 4:
                 # the last O store has read shared memory before the CTA exits
