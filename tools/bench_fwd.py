@@ -10,7 +10,8 @@ a markdown table with ratio columns to --out.
 the input gradients are reset outside the timed region), bwd TFLOP/s = 2.5 × fwd FLOPs / time, for
 fa4gen (specs with backward: true; allow_gqa: false, since the grid is MHA), flash-attn-4's
 flash_attn_func and SDPA's cuDNN and flash backends; --deterministic adds fa4gen's deterministic: true
-backward. Outputs go to bench_bwd.{json,md} then (bench_fwd.* otherwise).
+backward. Outputs go to bench_bwd.{json,md} then (bench_fwd.* otherwise); each finished cell is also appended
+to bench_bwd.partial.jsonl (bench_fwd.partial.jsonl), which is what a run stopped by a timeout leaves.
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT [--bwd]`.
 """
@@ -222,6 +223,8 @@ def main():
         return ablation(Path(args.out), args.ablation_dim)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    partial = out_dir / ("bench_bwd.partial.jsonl" if args.bwd else "bench_fwd.partial.jsonl")
+    partial.unlink(missing_ok=True)
     fa4 = _fa4()
     cudnn, flash = _sdpa("cudnn"), _sdpa("flash")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -294,6 +297,8 @@ def main():
                     bwd_columns(res, bwd_impls, q, k, v, flops, args.repeats)
                 rows.append(res)
                 print(json.dumps(res), flush=True)
+                with partial.open("a") as f:  # a run cut short by a timeout still leaves its finished cells
+                    f.write(json.dumps(res) + "\n")
     # the clock moves over a grid (the matmul went 729 -> 794 TFLOP/s between two grids 7 minutes apart):
     # the matmul again at the end, so a "% of matmul" can quote both
     mm_ms = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
