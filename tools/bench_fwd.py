@@ -223,7 +223,8 @@ def main():
         return ablation(Path(args.out), args.ablation_dim)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    partial = out_dir / ("bench_bwd.partial.jsonl" if args.bwd else "bench_fwd.partial.jsonl")
+    stem = "bench_bwd" if args.bwd else "bench_fwd"
+    partial = out_dir / f"{stem}.partial.jsonl"
     partial.unlink(missing_ok=True)
     fa4 = _fa4()
     cudnn, flash = _sdpa("cudnn"), _sdpa("flash")
@@ -303,7 +304,6 @@ def main():
     # the matmul again at the end, so a "% of matmul" can quote both
     mm_ms = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
     matmul_after = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
-    stem = "bench_bwd" if args.bwd else "bench_fwd"
     (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "matmul_tflops_after": matmul_after,
                                                       "gpu": torch.cuda.get_device_name(),
                                                       "argv": sys.argv[1:], "rows": rows}, indent=1))
