@@ -81,3 +81,33 @@ def test_ab_compare_marks_a_cell_whose_raw_ratio_disagrees(tmp_path):
     text = (tmp_path / "ab.md").read_text()
     assert "| 128 | 2048 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.130 | 1.000 | 0.885 | 1.000 (!) |" in text
     assert "| 64 | 512 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.000 | 1.000 | 1.000 | 1.000 |" in text
+
+
+def test_ab_compare_reads_a_run_cut_short(tmp_path):
+    """A call's timeout stopped the last run after one cell (session 18): that run has only
+    bench_fwd.partial.jsonl; its finished cell is compared over the runs that have it, the unfinished one
+    over the other runs, the row says so, and the per-round spread counts only the cells every run has."""
+    _run(tmp_path / "new_1", [(64, 4096, False, 110.0, 100.0), (64, 4096, True, 100.0, 100.0)])
+    _run(tmp_path / "ref_1", [(64, 4096, False, 100.0, 100.0), (64, 4096, True, 100.0, 100.0)])
+    _run(tmp_path / "ref_2", [(64, 4096, False, 100.0, 100.0), (64, 4096, True, 100.0, 100.0)])
+    cut = tmp_path / "new_2"
+    cut.mkdir()
+    (cut / "bench_fwd.partial.jsonl").write_text(
+        json.dumps({"d": 64, "seqlen": 4096, "causal": False, "fa4gen": 130.0, "fa4": 100.0}) + "\n")
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 64 | 4096 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 | 1.200 | 1.000 | 1.200 |" in text
+    assert "| 64 | 4096 | y | 100.0 | 100.0 / 100.0 | 1.000 (1 new / 2 ref runs) | 1.000 | 1.000 | 1.000 |" in text
+    assert "(per round, over the 1 cells every run finished: 1.100, 1.300)" in text
+
+
+def test_ab_compare_prefers_the_finished_json(tmp_path):
+    """A finished run's JSON is read and its leftover partial file (same cells) is not read twice."""
+    for side, ours in (("new_1", 120.0), ("ref_1", 100.0)):
+        _run(tmp_path / side, [(128, 1024, False, ours, 100.0)])
+        (tmp_path / side / "bench_fwd.partial.jsonl").write_text(
+            json.dumps({"d": 128, "seqlen": 1024, "causal": False, "fa4gen": 1.0, "fa4": 100.0}) + "\n")
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 128 | 1024 | n | 120.0 | 100.0 | 1.200 |" in text
+    assert "1 runs each" in text

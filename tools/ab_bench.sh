@@ -4,7 +4,10 @@
 #
 #   here:        tools/ab_bench.sh prepare REF        # REF's fa4gen/ and templates/ into .ab/ (ignored)
 #   on the GPU:  source tools/device_env.sh; tools/ab_bench.sh run [ROUNDS] -- BENCH_FWD_ARGS...
-#                (carry [".device", ".ab"]; writes $OUT/ab/{new,ref}_N/ and prints tools/ab_compare.py)
+#                (carry [".device", ".ab"]; prints tools/ab_compare.py; with $OUT set, the runs go to
+#                /tmp/fa4gen_ab/ab/{new,ref}_N/ and $OUT/ab.tgz holds them, refreshed after every run, so a
+#                call stopped by its timeout still returns each finished run and the last one's finished
+#                cells (ab_compare.py reads those too) in one file: a call returns at most 8 files)
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
 #                prints each run's markdown table in place of the comparison
 #
@@ -30,7 +33,9 @@ case "${1:-}" in
     if [[ "${1:-}" =~ ^[0-9]+$ ]]; then rounds=$1; shift; fi
     [[ "${1:-}" == "--" ]] && shift
     [[ -f "$root/.ab/ref/COMMIT" ]] || { echo "no .ab/ref: run 'tools/ab_bench.sh prepare REF' first" >&2; exit 2; }
-    out=${OUT:-$root/out}/ab
+    out=$root/out/ab
+    if [[ -n "${OUT:-}" ]]; then out=/tmp/fa4gen_ab/ab; rm -rf "$out"; fi
+    pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/ab.tgz.tmp" -C "$(dirname "$out")" ab && mv "$OUT/ab.tgz.tmp" "$OUT/ab.tgz"; true; }
     script=${AB_SCRIPT:-bench_fwd.py}
     [[ -f "$root/tools/$script" ]] || { echo "AB_SCRIPT: no tools/$script" >&2; exit 2; }
     mkdir -p "$out"
@@ -45,7 +50,12 @@ case "${1:-}" in
         used=$(cd "$root/tools" && PYTHONPATH=$pp python3 -c "import fa4gen.render as r; print(r.TEMPLATES_DIR)")
         echo "round $round $side: templates from $used"
         PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/$script" "$@" \
-          --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)"
+          --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)" &
+        # the bench runs in the background so the tarball also follows its cells while it runs
+        bench=$! ticks=0
+        while kill -0 $bench 2>/dev/null; do sleep 1; (( ++ticks % 15 == 0 )) && pack; done
+        wait $bench || true
+        pack
       done
     done
     if [[ $script == bench_fwd.py ]]; then
@@ -53,6 +63,7 @@ case "${1:-}" in
     else
       for md in "$out"/*_*/*.md; do echo "== $md"; cat "$md"; done
     fi
+    pack
     ;;
   *)
     sed -n 2,13p "$0"; exit 2 ;;

@@ -7,7 +7,8 @@ each run's fa4gen cell by the same run's flash-attn-4 cell first — the same-ru
 to raw TFLOP/s only where flash-attn-4 did not run. The last column is the raw ratio of the means, marked
 when it differs from new/ref by more than 3%: then one run's flash-attn-4 cell was an outlier (session 16:
 520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look.
-Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json; writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
+Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json, or a run's bench_*.partial.jsonl where a timeout stopped it before
+its JSON (then only the cells every run finished are compared); writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
 """
 
 import argparse
@@ -18,8 +19,11 @@ from statistics import mean
 
 
 def load(path: Path) -> dict[tuple, dict]:
-    """Rows of one bench run keyed by (d, dv, seqlen, causal)."""
-    rows = json.loads(path.read_text())["rows"]
+    """Rows of one bench run (its JSON, or the cells of a .partial.jsonl) keyed by (d, dv, seqlen, causal)."""
+    if path.name.endswith(".partial.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    else:
+        rows = json.loads(path.read_text())["rows"]
     return {(_dims(r), r["seqlen"], "y" if r["causal"] else "n"): r for r in rows}
 
 
@@ -32,7 +36,11 @@ def runs(ab_dir: Path, side: str) -> list[dict[tuple, dict]]:
     found = []
     for run_dir in sorted(ab_dir.glob(f"{side}_*"), key=lambda p: p.name):
         if run_dir.is_dir():
-            found += [load(f) for f in sorted(run_dir.glob("bench_*.json"))]
+            finished = sorted(run_dir.glob("bench_*.json"))
+            # a run cut short by the call's timeout left only its finished cells
+            cut = [f for f in sorted(run_dir.glob("bench_*.partial.jsonl"))
+                   if f.with_name(f.name.replace(".partial.jsonl", ".json")) not in finished]
+            found += [r for r in (load(f) for f in finished + cut) if r]
     return found
 
 
@@ -47,25 +55,35 @@ def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
 
 
 def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[list[str], list[float], list[list[float]]]:
-    """(markdown lines, new/ref per cell, new/ref per cell and round pair)."""
-    cells = [c for c in new[0] if all(c in r and r[c].get(col) is not None for r in new + ref)]
+    """(markdown lines, new/ref per cell, new/ref per round pair for the cells every run has).
+
+    A cell that some run did not finish (a call cut short) is compared over the runs that have it, and
+    its row says how many; it stays out of the per-round spread."""
+    def has(r, c):
+        return c in r and r[c].get(col) is not None
+    order = list(dict.fromkeys(c for r in new + ref for c in r))
+    cells = [c for c in order if any(has(r, c) for r in new) and any(has(r, c) for r in ref)]
     lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 | raw new/ref |",
              "|---" * 9 + "|"]
     ratios, per_round = [], []
     for c in cells:
-        n = [r[c][col] for r in new]
-        f = [r[c][col] for r in ref]
-        rn = [_relative(r, c, col, fa4_col) for r in new]
-        rf = [_relative(r, c, col, fa4_col) for r in ref]
+        nr, fr = [r for r in new if has(r, c)], [r for r in ref if has(r, c)]
+        n = [r[c][col] for r in nr]
+        f = [r[c][col] for r in fr]
+        rn = [_relative(r, c, col, fa4_col) for r in nr]
+        rf = [_relative(r, c, col, fa4_col) for r in fr]
         ratio = mean(rn) / mean(rf)
         ratios.append(ratio)
-        per_round.append([a / b for a, b in zip(rn, rf)])
-        same_run = all(r[c].get(fa4_col) for r in new + ref)
+        complete = len(nr) == len(new) and len(fr) == len(ref)
+        if complete:
+            per_round.append([a / b for a, b in zip(rn, rf)])
+        same_run = all(r[c].get(fa4_col) for r in nr + fr)
         vs = (lambda x: f"{mean(x):.3f}") if same_run else (lambda x: "-")
         raw = mean(n) / mean(f)
         mark = " (!)" if same_run and abs(ratio / raw - 1) > RAW_DISAGREES else ""
+        runs_note = "" if complete else f" ({len(nr)} new / {len(fr)} ref runs)"
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
-                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
+                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f}{runs_note} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
     return lines, ratios, per_round
 
 
@@ -81,13 +99,16 @@ def main(argv: list[str] | None = None):
     out = []
     # (the deterministic backward, with --deterministic, against flash-attn-4's non-deterministic one)
     for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd"), ("fa4gen_det_bwd", "fa4_bwd")):
-        if all(r and next(iter(r.values())).get(col) is not None for r in new + ref):
+        if all(r and any(row.get(col) is not None for row in r.values()) for r in new + ref):
             lines, ratios, per_round = table(new, ref, col, fa4_col)
             gm = math.exp(mean(math.log(x) for x in ratios))
-            rounds = [math.exp(mean(math.log(cell[i]) for cell in per_round)) for i in range(min(len(new), len(ref)))]
-            spread = f" (per round {', '.join(f'{x:.3f}' for x in rounds)})" if len(rounds) > 1 else ""
-            out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {len(new)} runs "
-                            f"each{spread}; ratios to the same run's flash-attn-4", ""]
+            pairs = min(len(new), len(ref)) if per_round else 0
+            rounds = ", ".join(f"{math.exp(mean(math.log(cell[i]) for cell in per_round)):.3f}" for i in range(pairs))
+            over = "" if len(per_round) == len(ratios) else f", over the {len(per_round)} cells every run finished:"
+            spread = f" (per round{over} {rounds})" if pairs > 1 else ""
+            count = f"{len(new)} runs each" if len(new) == len(ref) else f"{len(new)} new / {len(ref)} ref runs"
+            out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {count}"
+                            f"{spread}; ratios to the same run's flash-attn-4", ""]
     text = "\n".join(out)
     (args.dir / "ab.md").write_text(text + "\n")
     print(text)
