@@ -8,7 +8,8 @@ to raw TFLOP/s only where flash-attn-4 did not run. The last column is the raw r
 when it differs from new/ref by more than 3%: then one run's flash-attn-4 cell was an outlier (session 16:
 520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look.
 Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json, or a run's bench_*.partial.jsonl where a timeout stopped it before
-its JSON (then only the cells every run finished are compared); writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
+its JSON (a cell some run did not finish is compared over the runs that have it, its row says how many, and the
+per-round spread counts only the cells every run has); writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
 """
 
 import argparse
