@@ -100,6 +100,9 @@ def test_sm90_protocol_holds(plan):
         tiles = [rng.randint(0, 6)]
         if plan.scheduler == "persistent":
             tiles += [rng.randint(0, 6) for _ in range(rng.randint(1, 4) - 1)]
+        if plan.skip_idle_warpgroups:  # each tile's busy warpgroups, drawn after its key blocks (counted below)
+            for _ in tiles:
+                rng.randint(1, plan.num_mma_warpgroups)
         draws.append(tiles)
     assert max(max(t) for t in draws) == 6
     assert (max(len(t) for t in draws) > 1) == (plan.scheduler == "persistent")
@@ -424,3 +427,68 @@ def test_persistent_sm90_o_stored_barrier_needs_its_own_id():
         assert all("reads sO" in e or "named barrier" in e for e in errors)
         caught += len(errors)
     assert caught
+
+
+# --- a sequence's last tile: warpgroups with no row skip their work (plan.skip_idle_warpgroups) ----------------
+
+IDLE_SM90 = [p for p in SM90_PLANS if p.skip_idle_warpgroups]
+
+
+def test_idle_warpgroups_are_planned_for_three_warpgroups_one_cta_per_tile():
+    assert IDLE_SM90 and all(p.num_mma_warpgroups == 3 and p.scheduler != "persistent" for p in IDLE_SM90)
+    assert {(p.ping_pong, p.intra_wg_overlap) for p in IDLE_SM90} == {(a, b) for a in (True, False) for b in (True, False)}
+    # the persistent loop keeps every warpgroup busy (the branch cost its key blocks their uniform descriptors)
+    assert not any(p.skip_idle_warpgroups for p in SM90_PLANS if p.scheduler == "persistent")
+
+
+@pytest.mark.parametrize("busy", [1, 2])
+def test_sm90_idle_warpgroups_keep_the_protocol(busy):
+    for plan in IDLE_SM90:
+        model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+        for seed, blocks in itertools.product(range(4), (0, 1, 2, 5)):
+            run = model.run(protocol.sm90_programs(plan, (blocks, busy)), seed=seed)
+            assert run.tma_copies == 1 + 2 * blocks
+
+
+def _idle_mutant_errors(plan, make_keep, seeds=range(30)):
+    """Errors of runs where the idle warpgroup 2 (one busy warpgroup, 4 key blocks) skips every op that
+    `make_keep()` (a fresh filter per run) refuses."""
+    model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+    errors = []
+    for seed in seeds:
+        programs = protocol.sm90_programs(plan, (4, 1))
+        keep = make_keep()
+        programs["consumer2"] = (op for op in programs["consumer2"] if keep(op))
+        try:
+            model.run(programs, seed=seed)
+        except ProtocolError as err:
+            errors.append(str(err))
+    return errors
+
+
+def test_sm90_idle_warpgroup_that_keeps_its_turn_deadlocks():
+    """Warpgroup 2 (the last) arrives once to start the ring, then passes each turn on; without its first pass
+    warpgroup 0 never gets the tensor core back."""
+    plan = next(p for p in IDLE_SM90 if p.ping_pong)
+
+    def make_keep():
+        arrives = 0
+
+        def keep(op):
+            nonlocal arrives
+            if op.kind == "bar_arrive" and op.stage == protocol.SM90_PINGPONG_BARRIER:
+                arrives += 1
+                return arrives != 2  # the start arrive kept, the first pass dropped
+            return True
+        return keep
+
+    errors = _idle_mutant_errors(plan, make_keep, seeds=range(3))
+    assert len(errors) == 3 and all("deadlock" in e for e in errors)
+
+
+def test_sm90_idle_warpgroup_that_never_waits_for_the_loads_is_caught():
+    """Releasing K/V stages without waiting for their loads lets the idle warpgroup's arrivals run a round ahead
+    and count towards a stage's previous use: the producer refills a stage the busy warpgroup still reads."""
+    plan = next(p for p in IDLE_SM90 if not p.ping_pong and p.kv_stages == 1)
+    errors = _idle_mutant_errors(plan, lambda: lambda op: not (op.kind == "wait" and op.pipe in ("k", "v")), seeds=range(100))
+    assert errors

@@ -107,6 +107,9 @@ class KernelPlan:
     k_bytes: int = 0
     v_bytes: int = 0
     smem_bytes: int = 0  # dynamic shared memory per CTA (checked against the compiled struct)
+    # sm90 forward, three consumer warpgroups: a warpgroup whose 64 rows all lie past seqlen_q (the last query tile
+    # of a sequence) skips its GEMMs and softmax and only keeps the pipeline and ping-pong handshakes
+    skip_idle_warpgroups: bool = False
     persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count; sm90: the compile-time stand-in, run time passes the GPU's)
     pipelines: tuple = ()  # fa4gen.plan.protocol.PipelineSpec
     named_barriers: tuple = ()  # fa4gen.plan.protocol.NamedBarrierSpec

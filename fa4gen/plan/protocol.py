@@ -736,13 +736,15 @@ def forward_only(plan) -> None:
 
 
 def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
-    """One SM90 CTA over its work `tiles` (key blocks per tile; an int: one tile); mirrors templates/sm90
+    """One SM90 CTA over its work `tiles` (key blocks per tile, or (key blocks, busy warpgroups) where
+    `plan.skip_idle_warpgroups` lets the warpgroups from `busy` on skip a tile's work; an int or one such pair:
+    one tile); mirrors templates/sm90
     (_roles, _consumer, _epilogue). One CTA per tile: O goes over Q's shared memory. Persistent
     (`plan.scheduler`): the pipeline states run on across tiles, the consumers release Q's buffer once a
     tile's S GEMMs are done, O has a buffer of its own (per warpgroup's rows: `sO{c}`) that warpgroup 0's
     storing warp reads out with TMA stores, waited for before the next tile writes it."""
     forward_only(plan)
-    tiles = [tiles] if isinstance(tiles, int) else list(tiles)
+    tiles = [tiles] if isinstance(tiles, (int, tuple)) else list(tiles)
     persistent = plan.scheduler == "persistent"
     if not persistent and len(tiles) != 1:
         raise ValueError(f"{plan.name}: one tile per CTA (scheduler {plan.scheduler}), got {len(tiles)}")
@@ -758,7 +760,8 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
             yield acquire(name, s, ph, tx=P[name].tx_bytes)
             yield tma_load(name, s, f"s{name.upper()}[{s}]", (name.upper(), t, j), P[name].tx_bytes)
 
-        for t, n_blocks in enumerate(tiles):
+        for t, tile in enumerate(tiles):
+            n_blocks = tile[0] if isinstance(tile, tuple) else tile
             s, ph = q.next()
             yield acquire("q", s, ph, tx=P["q"].tx_bytes)
             yield tma_load("q", s, "sQ", ("Q", t), P["q"].tx_bytes)
@@ -772,10 +775,53 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
 
     def consumer(c):
         q, k, v = (PhaseTracker(P[x], "consumer") for x in "qkv")
-        for t, n_blocks in enumerate(tiles):
-            yield from consumer_tile(c, t, n_blocks, q, k, v)
+        for t, tile in enumerate(tiles):
+            n_blocks, busy = tile if isinstance(tile, tuple) else (tile, W)
+            if c >= busy:
+                yield from idle_tile(c, t, n_blocks, q, k, v)
+            else:
+                yield from consumer_tile(c, t, n_blocks, q, k, v)
         if persistent and c == 0:
             yield store_wait()
+
+    def idle_tile(c, t, n_blocks, q, k, v):
+        # plan.skip_idle_warpgroups: no row of warpgroup c inside the sequence; templates/sm90/_consumer.j2 idle_tile:
+        # every stage waited for, then released, turns passed on, no read
+        kslots = [k.next() for _ in range(n_blocks)]
+        vslots = [v.next() for _ in range(n_blocks)]
+        qs, ph = q.next()
+        yield wait("q", qs, ph)
+        if plan.ping_pong and c == W - 1:
+            yield bar_arrive(PP, 256, 128)
+        if plan.intra_wg_overlap:
+            if n_blocks:
+                yield wait("k", *kslots[0])
+                yield release("k", kslots[0][0], 4)
+            for j in range(1, n_blocks):
+                yield wait("k", *kslots[j])
+                if plan.ping_pong:
+                    yield bar_sync(PP + c, 256, 128)
+                    yield bar_arrive(PP + (c + 1) % W, 256, 128)
+                yield release("k", kslots[j][0], 4)
+                yield wait("v", *vslots[j - 1])
+                yield release("v", vslots[j - 1][0], 4)
+            if persistent:
+                yield release("q", qs, 4)
+            if n_blocks:
+                yield wait("v", *vslots[n_blocks - 1])
+                yield release("v", vslots[n_blocks - 1][0], 4)
+        else:
+            for j in range(n_blocks):
+                yield wait("k", *kslots[j])
+                if plan.ping_pong:
+                    yield bar_sync(PP + c, 256, 128)
+                    yield bar_arrive(PP + (c + 1) % W, 256, 128)
+                yield release("k", kslots[j][0], 4)
+                yield wait("v", *vslots[j])
+                yield release("v", vslots[j][0], 4)
+            if persistent:
+                yield release("q", qs, 4)
+        yield from epilogue(c, t)
 
     def consumer_tile(c, t, n_blocks, q, k, v):
         kslots = [k.next() for _ in range(n_blocks)]
@@ -827,6 +873,9 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 yield release("v", vslots[j][0], 4)
             if persistent:
                 yield release("q", qs, 4)
+        yield from epilogue(c, t)
+
+    def epilogue(c, t):
         if plan.ping_pong and c == 0:
             yield bar_sync(PP, 256, 128)
         if not persistent:
@@ -865,6 +914,9 @@ def check_sm90(plan, *, runs: int = 40, max_blocks: int = 6, max_tiles: int = 4,
         tiles = [rng.randint(0, max_blocks)]
         if plan.scheduler == "persistent":
             tiles += [rng.randint(0, max_blocks) for _ in range(rng.randint(1, max_tiles) - 1)]
+        if getattr(plan, "skip_idle_warpgroups", False):
+            # a sequence's last tile: warpgroups from `busy` on have no row (warpgroup 0 always has one)
+            tiles = [(n, rng.randint(1, plan.num_mma_warpgroups)) for n in tiles]
         out.append(model.run(sm90_programs(plan, tiles), seed=seed * 7919 + r))
     return out
 

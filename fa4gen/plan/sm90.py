@@ -158,6 +158,10 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
                      "sequences); per-sequence bounded TMA views, so loads past a sequence read zeros and stores "
                      "past it are dropped")
+    if num_wg == 3 and not spec.varlen and not persistent:
+        notes.append("idle warpgroups: in a sequence's last query tile, a warpgroup whose 64 rows all lie past seqlen_q "
+                     "skips its GEMMs and softmax and only passes the K/V stages and its tensor-core turns on (seqlen "
+                     "2048 in 192-row tiles: the last tile's third warpgroup)")
     return KernelPlan(
         **identity_fields(spec, "sm90", "sm_90a", "fwd"),
         tile_m=tile_m,
@@ -171,6 +175,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         intra_wg_overlap=overlap,
         scheduler="persistent" if persistent else "grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
         persistent_ctas=PERSISTENT_CTAS if persistent else 0,
+        skip_idle_warpgroups=num_wg == 3 and not spec.varlen and not persistent,
         **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),

@@ -315,6 +315,7 @@ class FlashFwdSm90:
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(kv_state)
                 kv_state.advance()
+
             if wg_c == 0:
                 # take the last warpgroup's final hand-over: every turn given is taken
                 cute.arch.barrier(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)

@@ -192,71 +192,97 @@ class FlashFwdSm90:
             if wg_c == NUM_MMA_WG - 1:
                 # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
-            if n_max > n_min:
-                # first (highest) key block: S only; its P·V is issued together with the next S
-                n_block = n_max - 1
-                pipe_k.consumer_wait(kv_state)
-                warpgroup.fence()
-                tSrQ_0 = tSrQ[None, None, None, 0]
-                tSrK_kv = tSrK[None, None, None, kv_state.index]
-                for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_k.consumer_release(kv_state)
-                if (n_block + 1) * TILE_N > seqlen_k:
-                    softmax.mask_columns(s_rc, tScS_rc, seqlen_k - n_block * TILE_N)
-                softmax.online_softmax_step(
-                    s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                    is_first=True,
-                )
-                tOrP_c.store(acc_S.load().to(DTYPE))
-            for i in cutlass.range(n_max - 1 - n_min, unroll=1):
-                n_block = n_max - 2 - i
-                v_state = kv_state.clone()
-                kv_state.advance()
-                pipe_k.consumer_wait(kv_state)
-                cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+            # warpgroups with a row inside the sequence (one CTA per tile only: in the persistent loop ptxas moves the
+            # key-block loops' WGMMA descriptors out of uniform registers with this branch, 454 -> 494 instructions
+            # per d64 key block, CPU SASS; four forms tried, docs/PERF.md session 17)
+            busy_wgs = cute.arch.make_warp_uniform((seqlen_q - m_block * TILE_M + 63) // 64)
+            if wg_c < busy_wgs:
+                if n_max > n_min:
+                    # first (highest) key block: S only; its P·V is issued together with the next S
+                    n_block = n_max - 1
+                    pipe_k.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrK_kv = tSrK[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+                    if (n_block + 1) * TILE_N > seqlen_k:
+                        softmax.mask_columns(s_rc, tScS_rc, seqlen_k - n_block * TILE_N)
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=True,
+                    )
+                    tOrP_c.store(acc_S.load().to(DTYPE))
+                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                    n_block = n_max - 2 - i
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
 
-                # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
-                warpgroup.fence()
-                tSrQ_0 = tSrQ[None, None, None, 0]
-                tSrK_kv = tSrK[None, None, None, kv_state.index]
-                for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                    tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                warpgroup.commit_group()
-                pipe_v.consumer_wait(v_state)
-                warpgroup.fence()
-                tOrV_st = tOrV[None, None, None, v_state.index]
-                for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                warpgroup.commit_group()
-                cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+                    # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
+                    warpgroup.fence()
+                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrK_kv = tSrK[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                    warpgroup.commit_group()
+                    pipe_v.consumer_wait(v_state)
+                    warpgroup.fence()
+                    tOrV_st = tOrV[None, None, None, v_state.index]
+                    for k in cutlass.range_constexpr(TILE_N // 16):
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                    warpgroup.commit_group()
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
-                warpgroup.wait_group(1)
-                pipe_k.consumer_release(kv_state)
-                softmax.online_softmax_step(
-                    s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                    is_first=False,
-                )
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(v_state)
-                softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                tOrP_c.store(acc_S.load().to(DTYPE))
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(kv_state)
+                    softmax.online_softmax_step(
+                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                        is_first=False,
+                    )
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                    tOrP_c.store(acc_S.load().to(DTYPE))
 
-            if n_max > n_min:
-                # last P·V
-                pipe_v.consumer_wait(kv_state)
-                warpgroup.fence()
-                tOrV_st = tOrV[None, None, None, kv_state.index]
-                for k in cutlass.range_constexpr(TILE_N // 16):
-                    cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                pipe_v.consumer_release(kv_state)
-                kv_state.advance()
+                if n_max > n_min:
+                    # last P·V
+                    pipe_v.consumer_wait(kv_state)
+                    warpgroup.fence()
+                    tOrV_st = tOrV[None, None, None, kv_state.index]
+                    for k in cutlass.range_constexpr(TILE_N // 16):
+                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+
+            else:
+                if n_max > n_min:
+                    pipe_k.consumer_wait(kv_state)
+                    pipe_k.consumer_release(kv_state)
+                for i in cutlass.range(n_max - 1 - n_min, unroll=1):
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
+
+                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                    pipe_k.consumer_release(kv_state)
+                    pipe_v.consumer_wait(v_state)
+                    pipe_v.consumer_release(v_state)
+                if n_max > n_min:
+                    pipe_v.consumer_wait(kv_state)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+
             if wg_c == 0:
                 # take the last warpgroup's final hand-over: every turn given is taken
                 cute.arch.barrier(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
