@@ -390,8 +390,10 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
     # the two differ in tiling only: same mask, softmax and interface
     same = {f.name for f in dataclasses.fields(KernelPlan)} - {
         "module", "tile_m", "num_mma_warpgroups", "threads", "regs_producer", "regs_consumer", "budgets", "notes",
-        "min_seqlen_q", "scheduler", "persistent_ctas"}
+        "min_seqlen_q", "scheduler", "persistent_ctas", "skip_idle_warpgroups"}
     assert all(getattr(fwd[0], f) == getattr(fwd[1], f) for f in same)
+    # only the 192-row one-CTA-per-tile kernel lets a warpgroup without rows skip its work
+    assert (fwd[0].skip_idle_warpgroups, fwd[1].skip_idle_warpgroups) == (False, True)
     # the 128-row one is persistent (its calls end below LONG_SEQLEN_Q), the 192-row one longest-first
     assert [(p.scheduler, p.persistent_ctas) for p in fwd] == [("persistent", 132), ("grid_lpt", 0)]
     assert any("fwd_sm90_long" in n for n in fwd[0].notes) and any("dispatch" in n for n in fwd[1].notes)
@@ -614,7 +616,7 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         assert [(q.module, q.scheduler, q.min_seqlen_q) for q in plans] == [
             ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", PERSISTENT_MAX_SEQLEN_Q)]
         same = {f.name for f in dataclasses.fields(KernelPlan)} - {
-            "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q"}
+            "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q", "skip_idle_warpgroups"}
         assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
         assert any("dispatch" in n for n in plans[1].notes)
     # d176 and up, (192, 128): O has no room of its own (or past PERSISTENT_MAX_HEAD_DIM)
