@@ -107,8 +107,9 @@ class KernelPlan:
     k_bytes: int = 0
     v_bytes: int = 0
     smem_bytes: int = 0  # dynamic shared memory per CTA (checked against the compiled struct)
-    # sm90 forward, three consumer warpgroups: a warpgroup whose 64 rows all lie past seqlen_q (the last query tile
-    # of a sequence) skips its GEMMs and softmax and only keeps the pipeline and ping-pong handshakes
+    # sm90 forward, three consumer warpgroups: when only warpgroup 0 has rows inside the sequence (a sequence's last
+    # query tile), warpgroups 1 and 2 skip their GEMMs and softmax and only keep the pipeline and ping-pong
+    # handshakes (the protocol model allows any number of busy warpgroups; the template idles two or none)
     skip_idle_warpgroups: bool = False
     persistent_ctas: int = 0  # CTAs of the persistent grid (the target's SM count; sm90: the compile-time stand-in, run time passes the GPU's)
     pipelines: tuple = ()  # fa4gen.plan.protocol.PipelineSpec

@@ -195,8 +195,11 @@ class FlashFwdSm90:
             # warpgroups with a row inside the sequence (one CTA per tile only: in the persistent loop ptxas moves the
             # key-block loops' WGMMA descriptors out of uniform registers with this branch, 454 -> 494 instructions
             # per d64 key block, CPU SASS; four forms tried, docs/PERF.md session 17)
+            # Only a tile with one busy warpgroup skips (the other two idle): with one idle warpgroup of three,
+            # seqlen 8192, the H200 measured -1.7 / -9.8 / -1.9% in three A/Bs against +4.0 / +1.1 / +2.1% with
+            # two idle at 4096 (docs/PERF.md session 18); a tile with two busy warpgroups runs all three as before
             busy_wgs = cute.arch.make_warp_uniform((seqlen_q - m_block * TILE_M + 63) // 64)
-            if wg_c < busy_wgs:
+            if wg_c == 0 or busy_wgs > 1:
                 if n_max > n_min:
                     # first (highest) key block: S only; its P·V is issued together with the next S
                     n_block = n_max - 1
