@@ -223,6 +223,33 @@ def test_dq_postprocess_moves_16_bytes_per_instruction(compiled, cache_root):
     assert checked >= 3
 
 
+def test_bwd_preprocess_issues_its_loads_before_the_row_sum(compiled, cache_root):
+    """The backward's preprocess (bwd.Preprocess / PreprocessVarlen) requests all of a lane's O and dO
+    chunks (up to its group of four in the varlen one) with 128-bit loads before the first FFMA of the row
+    sum, so a thread waits for DRAM once: with the loads inside the FMA loop, ptxas issued two chunks,
+    waited, then the next (three round trips per thread at d128, four with LSE read after the row sum),
+    and the preprocess took 85 µs against flash-attn-4's 68 µs at d128 s1k causal on the H200 (docs/PERF.md,
+    session 19). The dQ accumulator is zeroed by 128-bit stores."""
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.device import bwd
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    checked = 0
+    for name, (spec, plans, _, _) in compiled.items():
+        for plan in (p for p in plans if p.direction == "bwd"):
+            sass = _function_sass(entries[f"{name}.{plan.module}"].file("kernel.sass").read_text(), "Preprocess")
+            ops = re.findall(r"\b((?:LDG|STG|FFMA)(?:\.[A-Z0-9]+)*)", sass)
+            first_ffma = next(i for i, o in enumerate(ops) if o.startswith("FFMA"))
+            chunks = (plan.head_dim_v // bwd.VEC + 3) // 4  # 16-byte chunks of O (and of dO) per lane
+            group = min(chunks, 4) if plan.varlen else chunks
+            wide = [o for o in ops[:first_ffma] if o.startswith("LDG") and o.endswith(".128")]
+            assert len(wide) == 2 * group, (name, ops[:first_ffma])
+            zeros = [o for o in ops if o.startswith("STG") and o.endswith(".128")]
+            assert zeros and all(o.endswith(".128") or o == "STG.E" for o in ops if o.startswith("STG")), (name, ops)
+            checked += 1
+    assert checked >= 3
+
+
 def _check_backward_sass(name, plan, r, s):
     """The backward's main kernel: five WGMMA steps per query block (S, dP, dQ over the key block; dV,
     dK over the query block), once per generated copy of the block (one per masked / mask-free run),

@@ -7,7 +7,8 @@ so the main kernel forms P = exp2(S * scale_log2 - LSE2) (0 for those rows) and 
 Postprocess: dst = src * scale in the output dtype (dQ from its fp32 accumulator, GQA dK/dV).
 
 Both walk rows of a (batch, seqlen, heads, dim) tensor: a quad of 4 lanes per row, each lane
-taking every fourth 8-element (16-byte) chunk, 64 rows per 256-thread CTA.
+taking every fourth 8-element (16-byte) chunk, 64 rows per 256-thread CTA. The preprocess zeroes the
+CTA's rows of the dQ accumulator (contiguous) in 16-byte chunks spread over all its threads.
 """
 
 import math
@@ -67,8 +68,11 @@ class Preprocess:
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
                mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
         batch, head, row, lane4 = _thread_row()
-        _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
-                        batch, head, row, row, row < mO.shape[1], lane4, 0)
+        blk, _, _ = cute.arch.block_idx()
+        first = blk * ROWS_PER_CTA
+        rows = cutlass.min(mdQacc.shape[2] // self.head_dim - first, ROWS_PER_CTA)
+        _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, batch, head, row, row, row < mO.shape[1],
+                        lane4, 0, (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA))
 
 
 class PreprocessVarlen(Preprocess):
@@ -96,6 +100,7 @@ class PreprocessVarlen(Preprocess):
         total = mO.shape[1]
         seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
         offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
+        rows = cutlass.min(mdQacc.shape[2] // self.head_dim - tile * self.tile_m, self.tile_m)
         for p in cutlass.range_constexpr((self.tile_m + ROWS_PER_CTA - 1) // ROWS_PER_CTA):
             i = ROWS_PER_CTA * p + tidx // 4
             r = m_block * self.tile_m + i
@@ -104,48 +109,95 @@ class PreprocessVarlen(Preprocess):
             dst = tile * self.tile_m + i
             if i >= self.tile_m:
                 dst = mLSE2.shape[2]
-            _preprocess_row(self.head_dim_v, self.head_dim, mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc,
-                            0, head, offset + r, dst, r < seqlen and i < self.tile_m, tidx % 4, 4)
+            # the tile's accumulator rows (a contiguous run of tile_m rows) are zeroed in the first pass
+            _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, 0, head, offset + r, dst,
+                            r < seqlen and i < self.tile_m, tidx % 4, 4,
+                            (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m) if p == 0 else None)
 
 
 @cute.jit
-def _preprocess_row(head_dim_v: cutlass.Constexpr[int], head_dim: cutlass.Constexpr[int], mO: cute.Tensor,
-                    mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor,
-                    mdQacc: cute.Tensor, batch: Int32, head: Int32, src: Int32, dst: Int32, valid, lane4: Int32,
-                    in_flight: cutlass.Constexpr[int]):
+def _zero_rows(mdQacc: cute.Tensor, batch: Int32, head: Int32, first: Int32, rows: Int32,
+               head_dim: cutlass.Constexpr[int], count: cutlass.Constexpr[int]):
+    """Zero rows [first, first + rows) of the (batch, head) fp32 dQ accumulator (rows <= count; all threads
+    of the CTA call it): the rows are one contiguous run of floats, which the CTA's threads cover in
+    16-byte chunks, thread t taking chunks t, t + THREADS, ..., so every warp store writes 512 contiguous
+    bytes (a quad per row wrote 16 of every 32 bytes per store, the other half by the next one)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    # row `first` as a head_dim tile keeps the 16-byte alignment visible; the run is count rows from there
+    run = cute.make_tensor(cute.local_tile(mdQacc[batch, head, None], (head_dim,), (first,)).iterator,
+                           cute.make_layout(count * head_dim))
+    zeros = cute.make_rmem_tensor((4,), Float32)
+    zeros.fill(0.0)
+    for j in cutlass.range_constexpr((count * head_dim // 4 + THREADS - 1) // THREADS):
+        c = tidx + THREADS * j
+        if c * 4 < rows * head_dim:
+            cute.autovec_copy(zeros, cute.local_tile(run, (4,), (c,)))
+
+
+@cute.jit
+def _load_chunks(o_row: cute.Tensor, do_row: cute.Tensor, ro: list, rdo: list, lane4: Int32, first: Int32,
+                 head_dim_v: cutlass.Constexpr[int]):
+    """A lane's 16-byte chunks first, first + 1, ... (len(ro) of them; chunk i of the lane is row chunk
+    lane4 + 4 i) of O and dO into ro / rdo; chunks past the row are skipped."""
+    for i in cutlass.range_constexpr(len(ro)):
+        c = lane4 + 4 * (first + i)
+        if c < head_dim_v // VEC:
+            cute.autovec_copy(_chunk(o_row, c), ro[i])
+            cute.autovec_copy(_chunk(do_row, c), rdo[i])
+
+
+@cute.jit
+def _dot_chunks(ro: list, rdo: list, lane4: Int32, first: Int32, head_dim_v: cutlass.Constexpr[int],
+                acc: Float32) -> Float32:
+    """acc + the fp32 dot product of the chunks `_load_chunks` loaded with the same arguments."""
+    for i in cutlass.range_constexpr(len(ro)):
+        if lane4 + 4 * (first + i) < head_dim_v // VEC:
+            vo = ro[i].load().to(Float32)
+            vdo = rdo[i].load().to(Float32)
+            for e in cutlass.range_constexpr(VEC):
+                acc += vo[e] * vdo[e]
+    return acc
+
+
+@cute.jit
+def _preprocess_row(head_dim_v: cutlass.Constexpr[int], mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor,
+                    mdLSE: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor, batch: Int32, head: Int32,
+                    src: Int32, dst: Int32, valid, lane4: Int32, in_flight: cutlass.Constexpr[int], zero=None):
     """One query row, by the 4 lanes of a quad (all of a warp's lanes must call it: the row sum
-    shuffles): zero dQ accumulator row `dst`; if `valid`, D and LSE2 of packed row `src` into `dst`,
-    else (the padding to whole tiles) D = 0 and LSE2 = +inf there."""
+    shuffles): if `valid`, D and LSE2 of packed row `src` into `dst`, else (the padding to whole
+    tiles) D = 0 and LSE2 = +inf there. `zero`: None, or `_zero_rows`'s arguments after the thread's
+    first loads are issued (all threads of the CTA must then call this).
+
+    Every load of a group is issued before the first FMA uses one, LSE / dLSE with the first group: with
+    the loads inside the FMA loop, ptxas issued two chunks, waited, then the next (three DRAM round trips
+    per thread at d128, four with LSE read after the row sum; CPU SASS, session 19). `in_flight`: chunks
+    of O and dO per lane and group, 0 = all: all eight at head dim 256 spilled a register in the varlen
+    preprocess, whose tile lookup holds more live values (CPU SASS)."""
     acc = Float32(0.0)
-    if dst < mdQacc.shape[2] // head_dim:
-        zeros = cute.make_rmem_tensor((VEC,), Float32)
-        zeros.fill(0.0)
-        dq_row = cute.local_tile(mdQacc[batch, head, None], (head_dim,), (dst,))
-        for i in cutlass.range_constexpr((head_dim // VEC + 3) // 4):
-            c = lane4 + 4 * i
-            if c < head_dim // VEC:
-                cute.autovec_copy(zeros, _chunk(dq_row, c))
+    lse = Float32(0.0)
+    dlse = Float32(0.0)
+    chunks = (head_dim_v // VEC + 3) // 4  # per lane
+    group = chunks if in_flight == 0 or in_flight > chunks else in_flight
+    o_row = mO[batch, src, head, None]
+    do_row = mdO[batch, src, head, None]
+    ro = [cute.make_rmem_tensor((VEC,), mO.element_type) for _ in range(group)]
+    rdo = [cute.make_rmem_tensor((VEC,), mO.element_type) for _ in range(group)]
     if valid:
-        o_row = mO[batch, src, head, None]
-        do_row = mdO[batch, src, head, None]
-        # `in_flight` chunks of O and dO per lane at a time, 0 = all: all eight at head dim 256 spilled a
-        # register in the varlen preprocess, whose tile lookup holds more live values, while four at a
-        # time spilled 4 in the fp16 dense one (CPU SASS)
-        for i in cutlass.range((head_dim_v // VEC + 3) // 4, unroll=in_flight, unroll_full=in_flight == 0):
-            c = lane4 + 4 * i
-            if c < head_dim_v // VEC:
-                ro = cute.make_rmem_tensor((VEC,), mO.element_type)
-                rdo = cute.make_rmem_tensor((VEC,), mO.element_type)
-                cute.autovec_copy(_chunk(o_row, c), ro)
-                cute.autovec_copy(_chunk(do_row, c), rdo)
-                vo = ro.load().to(Float32)
-                vdo = rdo.load().to(Float32)
-                for e in cutlass.range_constexpr(VEC):
-                    acc += vo[e] * vdo[e]
+        lse = mLSE[batch, head, src]
+        dlse = mdLSE[batch, head, src]
+        _load_chunks(o_row, do_row, ro, rdo, lane4, 0, head_dim_v)
+    if cutlass.const_expr(zero is not None):
+        _zero_rows(*zero)
+    if valid:
+        acc = _dot_chunks(ro, rdo, lane4, 0, head_dim_v, acc)
+        # the other groups (varlen above head dim 128) in a loop kept rolled: with every group in line, ptxas
+        # hoisted the second group's loads and the fp16 d256 varlen preprocess spilled 4 registers (CPU SASS)
+        for g in cutlass.range(1, (chunks + group - 1) // group, unroll=1):
+            _load_chunks(o_row, do_row, ro, rdo, lane4, g * group, head_dim_v)
+            acc = _dot_chunks(ro, rdo, lane4, g * group, head_dim_v, acc)
     acc = softmax.quad_sum(acc)  # every lane of the warp takes part in the shuffles
     if valid and lane4 == 0:
-        mD[batch, head, dst] = acc - mdLSE[batch, head, src]
-        lse = mLSE[batch, head, src]
+        mD[batch, head, dst] = acc - dlse
         lse2 = Float32.inf  # a row that saw no key: P = exp2(-inf) = 0 everywhere
         if lse != -Float32.inf:
             lse2 = lse * LOG2_E
