@@ -643,3 +643,31 @@ def test_varlen_boundaries_changed_in_place_before_the_backward_are_refused(buil
     cu_q.copy_(torch.tensor([0, 7, 10]))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.float().sum().backward()
+
+
+def test_a_missing_lse_gradient_reads_the_shared_zeros(build_pkg, monkeypatch):
+    """A backward without an LSE gradient reads the package's per-device zeros as its dLSE (no fill kernel
+    per call, session 19): every such call shares them, a longer call grows them to at least twice their
+    size and keeps the old ones (a replayed launch may still read them), and a given dLSE is passed as is."""
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    fake = FakeKernels(op).install(monkeypatch)
+    seen = []
+    run = fake.backward
+    monkeypatch.setattr(fake, "backward", lambda *a: (seen.append(a[6]), run(*a)))
+    q, k, v = _inputs(pkg, seed=5)
+    for _ in range(2):
+        pkg.attention(q, k, v).float().sum().backward()
+    zeros = op._dlse_zeros[q.device.index]
+    assert zeros.numel() == seen[0].numel() and not zeros.any()
+    assert all(d.untyped_storage().data_ptr() == zeros.untyped_storage().data_ptr() for d in seen)
+    q2, k2, v2 = (torch.cat([t, t], dim=1).detach().requires_grad_() for t in (q, k, v))
+    pkg.attention(q2, k2, v2).float().sum().backward()
+    grown = op._dlse_zeros[q.device.index]
+    assert grown.numel() == 2 * zeros.numel() and op._dlse_retired == [zeros] and not grown.any()
+    assert seen[-1].untyped_storage().data_ptr() == grown.untyped_storage().data_ptr()
+    _assert_grads((q2, k2, v2), _ref_grads(q2, k2, v2, torch.ones(q2.shape[:-1] + (v2.shape[-1],)), causal=True))
+    _, lse = pkg.attention(q, k, v, return_lse=True)
+    dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(6))
+    (lse * dlse).sum().backward()
+    assert torch.equal(seen[-1], dlse) and seen[-1].untyped_storage().data_ptr() != grown.untyped_storage().data_ptr()
