@@ -234,7 +234,9 @@ class FakeKernels:
             assert t.shape == (b, h, math.ceil(s_q / plan["tile_m"]) * plan["tile_m"]) and t.dtype == torch.float32
         for t, like in ((dq, q), (dk, k), (dv, v)):
             assert t.shape == like.shape and t.dtype == dtype and t.is_contiguous()
-        # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it; every
+        # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it (with the
+        # deterministic hand-off the first key block of each tile stores instead, and the postprocess zeroes
+        # the tiles no key block reaches, by their turn counter); every
         # query tile (padded to tile_m rows) as flat fragment-order chunks per (batch, head)
         tile_m = plan["tile_m"]
         assert dq_accum.shape == (b, h, math.ceil(s_q / tile_m) * tile_m * d) and dq_accum.dtype == torch.float32

@@ -211,8 +211,10 @@ def test_dq_postprocess_moves_16_bytes_per_instruction(compiled, cache_root):
                 continue
             sass = _function_sass(entries[f"{name}.{plan.module}"].file("kernel.sass").read_text(), "ConvertChunks")
             ops = re.findall(r"\b((?:LDG|STG|LDS|STS)(?:\.[A-Z0-9]+)*)", sass)
-            # (varlen also reads cu_seqlens: 32-bit index loads, not dQ data)
-            loads = [o for o in ops if o.startswith("LDG") and (o.endswith(".128") or not plan.varlen)]
+            # (varlen also reads cu_seqlens, the deterministic hand-off its tile's turn counter: 32-bit index
+            # loads, not dQ data)
+            index_loads = plan.varlen or (plan.deterministic and not plan.dq_atomic)
+            loads = [o for o in ops if o.startswith("LDG") and (o.endswith(".128") or not index_loads)]
             stores = [o for o in ops if o.startswith("STG")]
             assert loads and all(o.endswith(".128") for o in loads), (name, sorted(set(loads)))
             assert stores and all(o.endswith(".128") for o in stores), (name, sorted(set(stores)))
@@ -245,9 +247,34 @@ def test_bwd_preprocess_issues_its_loads_before_the_row_sum(compiled, cache_root
             wide = [o for o in ops[:first_ffma] if o.startswith("LDG") and o.endswith(".128")]
             assert len(wide) == 2 * group, (name, ops[:first_ffma])
             zeros = [o for o in ops if o.startswith("STG") and o.endswith(".128")]
-            assert zeros and all(o.endswith(".128") or o == "STG.E" for o in ops if o.startswith("STG")), (name, ops)
+            # the deterministic hand-off stores each query tile's first dQ chunks: no zeroing there
+            assert bool(zeros) == (not plan.deterministic or plan.dq_atomic), (name, ops)
+            assert all(o.endswith(".128") or o == "STG.E" for o in ops if o.startswith("STG")), (name, ops)
             checked += 1
     assert checked >= 3
+
+
+def test_deterministic_handoff_stores_a_tiles_first_dq_chunks(compiled, cache_root):
+    """With the deterministic hand-off the dQ warp stores (bulk copy, UBLKCP.G.S) the chunks of the first key
+    block of each query tile's order and reduce-adds (UBLKRED) the others, one of each per warpgroup, so the
+    preprocess does not zero the accumulator; the postprocess reads the tile's turn counter (the tiles no key
+    block reaches give dQ = 0). Every other backward only reduce-adds."""
+    from fa4gen.compile.cache import DiskCache
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    seen = set()
+    for name, (spec, plans, _, _) in compiled.items():
+        for plan in (p for p in plans if p.direction == "bwd" and not p.dq_atomic):
+            text = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
+            main = _function_sass(text, "FlashBwd")
+            stores = re.findall(r"\bUBLKCP\.G\.S\b", main)
+            assert len(stores) == (2 if plan.deterministic else 0), (name, len(stores))
+            assert len(re.findall(r"\bUBLKRED\b", main)) == 2, name
+            post = re.findall(r"\bLDG(?:\.[A-Z0-9]+)*", _function_sass(text, "ConvertChunks"))
+            if not plan.varlen:  # (varlen also reads cu_seqlens)
+                assert sum(not o.endswith(".128") for o in post) == int(plan.deterministic), (name, post)
+            seen.add(plan.deterministic)
+    assert seen == {False, True}
 
 
 def _check_backward_sass(name, plan, r, s):

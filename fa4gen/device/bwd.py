@@ -48,13 +48,15 @@ def _thread_row():
 class Preprocess:
     """D and LSE2 of every query row (one launch before the main backward kernel; both (batch, heads,
     s_pad) with the rows past seqlen_q, up to whole query tiles, set to 0 / +inf); it also zeroes the
-    fp32 dQ accumulator, so no separate fill runs before the main kernel. The accumulator is (batch,
+    fp32 dQ accumulator (unless `zero_dq` is False), so no separate fill runs before the main kernel. The accumulator is (batch,
     heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles padded, in whatever
     order the main kernel keeps them): the grid covers n / head_dim rows of head_dim floats."""
 
-    def __init__(self, head_dim_v: int, head_dim: int):
+    def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True):
         self.head_dim_v = head_dim_v
         self.head_dim = head_dim
+        # False: the main kernel stores each query tile's first dQ chunks (the deterministic hand-off)
+        self.zero_dq = zero_dq
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
@@ -71,8 +73,9 @@ class Preprocess:
         blk, _, _ = cute.arch.block_idx()
         first = blk * ROWS_PER_CTA
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - first, ROWS_PER_CTA)
+        zero = (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA) if self.zero_dq else None
         _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, batch, head, row, row, row < mO.shape[1],
-                        lane4, 0, (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA))
+                        lane4, 0, zero)
 
 
 class PreprocessVarlen(Preprocess):
@@ -80,8 +83,8 @@ class PreprocessVarlen(Preprocess):
     (sequence i's tiles numbered after those of the sequences before it, as `varlen.tile_of` does):
     one CTA per (tile, head), ROWS_PER_CTA rows per pass; a tile's rows past its sequence get 0 / +inf."""
 
-    def __init__(self, head_dim_v: int, head_dim: int, tile_m: int):
-        super().__init__(head_dim_v, head_dim)
+    def __init__(self, head_dim_v: int, head_dim: int, tile_m: int, zero_dq: bool = True):
+        super().__init__(head_dim_v, head_dim, zero_dq)
         self.tile_m = tile_m
 
     @cute.jit
@@ -112,7 +115,7 @@ class PreprocessVarlen(Preprocess):
             # the tile's accumulator rows (a contiguous run of tile_m rows) are zeroed in the first pass
             _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, 0, head, offset + r, dst,
                             r < seqlen and i < self.tile_m, tidx % 4, 4,
-                            (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m) if p == 0 else None)
+                            (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m) if p == 0 and self.zero_dq else None)
 
 
 @cute.jit

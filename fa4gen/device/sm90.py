@@ -92,19 +92,31 @@ def chunk_view(chunk: cute.Tensor, t) -> cute.Tensor:
     return chunk_copy().get_slice(t).partition_D(chunk)
 
 
-@dsl_user_op
-def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None, ip=None):
-    """gmem[0:nbytes] += smem[0:nbytes] as fp32, one bulk asynchronous reduce (one thread issues it;
-    completion through the bulk async-groups: cp_async_bulk_commit_group / wait_group)."""
+def _bulk_s2g(instruction: str, gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, loc, ip):
+    """One bulk asynchronous shared -> global operation `instruction [gmem], [smem], nbytes;`."""
     llvm.inline_asm(
         None,
         [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip), Int32(nbytes).ir_value(loc=loc, ip=ip)],
-        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;",
+        f"{instruction} [$0], [$1], $2;",
         "l,r,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+@dsl_user_op
+def reduce_add_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None, ip=None):
+    """gmem[0:nbytes] += smem[0:nbytes] as fp32, one bulk asynchronous reduce (one thread issues it;
+    completion through the bulk async-groups: cp_async_bulk_commit_group / wait_group)."""
+    _bulk_s2g("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", gmem, smem, nbytes, loc, ip)
+
+
+@dsl_user_op
+def store_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None, ip=None):
+    """gmem[0:nbytes] = smem[0:nbytes], one bulk asynchronous copy (one thread issues it; completion
+    through the same bulk async-groups as `reduce_add_bulk`)."""
+    _bulk_s2g("cp.async.bulk.global.shared::cta.bulk_group", gmem, smem, nbytes, loc, ip)
 
 
 @dsl_user_op
@@ -165,7 +177,9 @@ class ConvertChunks:
     The chunks are read with 128-bit loads; the converted values go to their (row, column) in a
     shared-memory tile (rows padded by 16 bytes: the fragment's scattered 2-byte stores stay free of
     bank conflicts), which then leaves with 128-bit row-contiguous stores (`staged`). Head dims whose
-    16-byte row vectors do not tile 256 threads evenly (e.g. 80) store element by element instead."""
+    16-byte row vectors do not tile 256 threads evenly (e.g. 80) store element by element instead.
+    `mSem` (the deterministic hand-off's per-tile turn counters, or None): tiles whose counter is 0 were
+    never written (no key block reaches them) and give dQ = 0."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
         self.dtype = dtype
@@ -179,18 +193,20 @@ class ConvertChunks:
         self.row_pitch = head_dim + 8  # elements per shared-memory row
 
     @cute.jit
-    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor], stream):
+    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor],
+                 mSem: Optional[cute.Tensor], stream):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.dq_n)
         )
         tiles = mAcc.shape[2] // (self.tile_m * self.head_dim)
         smem = self.tile_m * self.row_pitch * (self.dtype.width // 8) if cutlass.const_expr(self.staged) else 0
-        self.kernel(mAcc, mdQ, mCuQ, tiled_mma, scale).launch(
+        self.kernel(mAcc, mdQ, mCuQ, mSem, tiled_mma, scale).launch(
             grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: Optional[cute.Tensor], tiled_mma: cute.TiledMma, scale: Float32):
+    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: Optional[cute.Tensor], mSem: Optional[cute.Tensor],
+               tiled_mma: cute.TiledMma, scale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, batch = cute.arch.block_idx()
         w, t = tidx // CHUNK_THREADS, tidx % CHUNK_THREADS
@@ -207,6 +223,11 @@ class ConvertChunks:
         src = chunk_copy().get_slice(t).partition_S(cute.make_tensor(start, cute.make_layout(chunk_size)))
         vals = cute.make_rmem_tensor(src.shape, Float32)
         cute.autovec_copy(src, vals)
+        if cutlass.const_expr(mSem is not None):
+            # the deterministic hand-off stores a tile's first chunks instead of zeroing the accumulator:
+            # a tile no key block reached (its turn counter still 0) holds what was allocated, its dQ is 0
+            if mSem[batch, head, tile] == 0:
+                vals.fill(0.0)
         coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((64, self.dq_n)))
         if cutlass.const_expr(self.staged):
             sdQ = SmemAllocator().allocate_tensor(

@@ -408,8 +408,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     if spec.deterministic:
         notes.append(
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
-            "semaphore per tile, key blocks last to first; cost: a CTA waits for the key blocks after it on every "
-            "query block — measured "
+            "semaphore per tile, key blocks last to first"
+            + ("" if atomic else " (the first of them stores its dQ chunks, so the preprocess leaves the fp32 "
+               "accumulator unzeroed and the postprocess gives the tiles no key block reaches dQ = 0)")
+            + "; cost: a CTA waits for the key blocks after it on every query block — measured "
             + ("0.89-0.98x of the non-deterministic backward with a causal mask (H200, session 8, docs/PERF.md; "
                "windowed and chunked masks not measured)" if spec.mask.kind != "none"
                else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "

@@ -106,14 +106,15 @@ class FlashBwdSm90:
         scale_log2: Float32, softcap_pre: Float32, grad_scale: Float32, window_left: Int32, window_right: Int32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,
             scale_log2, softcap_pre, grad_scale, window_left, window_right, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, stream
+            mdQacc, mdQ, grad_scale, None, None,
+            stream,
         )
         bwd.Convert(HEAD_DIM)(mdKacc, mdK, grad_scale, stream)
         bwd.Convert(HEAD_DIM_V)(mdVacc, mdV, Float32(1.0), stream)

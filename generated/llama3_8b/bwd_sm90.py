@@ -107,14 +107,15 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,
             scale_log2, grad_scale, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, stream
+            mdQacc, mdQ, grad_scale, None, None,
+            stream,
         )
         bwd.Convert(HEAD_DIM)(mdKacc, mdK, grad_scale, stream)
         bwd.Convert(HEAD_DIM_V)(mdVacc, mdV, Float32(1.0), stream)
@@ -329,9 +330,8 @@ class FlashBwdSm90:
                         with cute.arch.elect_one():
                             # (not `chunk`: with a chunked mask that is the chunk size)
                             dq_chunk = (m_block) * 2 + w
-                            hopper.reduce_add_bulk(
-                                mdQacc_h.iterator + dq_chunk * (64 * DQ_N), sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4
-                            )
+                            dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
+                            hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
                             cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
                 # the epilogue reuses the dQ buffers: hand them over once the last tiles are read out

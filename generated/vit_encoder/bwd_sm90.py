@@ -105,14 +105,15 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mSemQ,
             scale_log2, grad_scale, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, stream
+            mdQacc, mdQ, grad_scale, None, mSemQ,
+            stream,
         )
 
     @cute.jit
@@ -319,9 +320,14 @@ class FlashBwdSm90:
                         with cute.arch.elect_one():
                             # (not `chunk`: with a chunked mask that is the chunk size)
                             dq_chunk = (m_block) * 2 + w
-                            hopper.reduce_add_bulk(
-                                mdQacc_h.iterator + dq_chunk * (64 * DQ_N), sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4
-                            )
+                            dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
+                            # the first key block of the order stores its chunk, the others add to it: the
+                            # preprocess leaves the accumulator as it was allocated, and the postprocess zeroes
+                            # the query tiles no key block reached (their counter still 0)
+                            if turn == 0:
+                                hopper.store_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
+                            else:
+                                hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
                             cute.arch.cp_async_bulk_commit_group()
                     if cutlass.const_expr(DQ_BUFS == 2):
                         # the next block's buffers: free once read, so the consumers can write them while
