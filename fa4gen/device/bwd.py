@@ -47,10 +47,11 @@ def _thread_row():
 
 class Preprocess:
     """D and LSE2 of every query row (one launch before the main backward kernel; both (batch, heads,
-    s_pad) with the rows past seqlen_q, up to whole query tiles, set to 0 / +inf); it also zeroes the
-    fp32 dQ accumulator (unless `zero_dq` is False), so no separate fill runs before the main kernel. The accumulator is (batch,
-    heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles padded, in whatever
-    order the main kernel keeps them): the grid covers n / head_dim rows of head_dim floats."""
+    s_pad) with the rows past seqlen_q, up to whole query tiles, set to 0 / +inf); unless `zero_dq` is
+    False it also zeroes the fp32 dQ accumulator, so no separate fill runs before the main kernel. The
+    accumulator is (batch, heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles
+    padded, in whatever order the main kernel keeps them): the grid covers n / head_dim rows of head_dim
+    floats."""
 
     def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True):
         self.head_dim_v = head_dim_v
@@ -113,9 +114,11 @@ class PreprocessVarlen(Preprocess):
             if i >= self.tile_m:
                 dst = mLSE2.shape[2]
             # the tile's accumulator rows (a contiguous run of tile_m rows) are zeroed in the first pass
+            zero = None
+            if cutlass.const_expr(p == 0 and self.zero_dq):
+                zero = (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m)
             _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, 0, head, offset + r, dst,
-                            r < seqlen and i < self.tile_m, tidx % 4, 4,
-                            (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m) if p == 0 and self.zero_dq else None)
+                            r < seqlen and i < self.tile_m, tidx % 4, 4, zero)
 
 
 @cute.jit
