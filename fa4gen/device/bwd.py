@@ -8,7 +8,8 @@ Postprocess: dst = src * scale in the output dtype (dQ from its fp32 accumulator
 
 Both walk rows of a (batch, seqlen, heads, dim) tensor: a quad of 4 lanes per row, each lane
 taking every fourth 8-element (16-byte) chunk, 64 rows per 256-thread CTA. The preprocess zeroes the
-CTA's rows of the dQ accumulator (contiguous) in 16-byte chunks spread over all its threads.
+CTA's rows of the dQ accumulator (contiguous) in 16-byte chunks spread over all its threads, unless the
+main kernel stores each dQ chunk's first value itself (`zero_dq=False`: the deterministic hand-off's turn 0).
 """
 
 import math
