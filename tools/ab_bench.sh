@@ -9,7 +9,8 @@
 #                call stopped by its timeout still returns each finished run and the last one's finished
 #                cells (ab_compare.py reads those too) in one file: a call returns at most 8 files)
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
-#                prints each run's markdown table in place of the comparison
+#                prints each run's markdown table in place of the comparison; bench_fwd.py runs with
+#                --skip cudnn,sdpa_flash (the comparison reads fa4gen and flash-attn-4 only; AB_ALL=1 times all)
 #
 # .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
 # is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
@@ -38,6 +39,9 @@ case "${1:-}" in
     pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/ab.tgz.tmp" -C "$(dirname "$out")" ab && mv "$OUT/ab.tgz.tmp" "$OUT/ab.tgz"; true; }
     script=${AB_SCRIPT:-bench_fwd.py}
     [[ -f "$root/tools/$script" ]] || { echo "AB_SCRIPT: no tools/$script" >&2; exit 2; }
+    # the comparison reads fa4gen and flash-attn-4 only: cuDNN and SDPA's flash go untimed (AB_ALL=1 keeps them)
+    extra=()
+    [[ $script == bench_fwd.py && -z "${AB_ALL:-}" ]] && extra=(--skip cudnn,sdpa_flash)
     mkdir -p "$out"
     for round in $(seq 1 "$rounds"); do
       # ABBA: odd rounds new first, even rounds ref first, so a steady clock drift over the call does not
@@ -49,7 +53,7 @@ case "${1:-}" in
         # the script's own folder (tools/) comes first on sys.path, then PYTHONPATH: check which fa4gen loads
         used=$(cd "$root/tools" && PYTHONPATH=$pp python3 -c "import fa4gen.render as r; print(r.TEMPLATES_DIR)")
         echo "round $round $side: templates from $used"
-        PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/$script" "$@" \
+        PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/$script" "$@" ${extra[@]+"${extra[@]}"} \
           --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)" &
         # the bench runs in the background so the tarball also follows its cells while it runs
         bench=$! ticks=0

@@ -210,7 +210,14 @@ def main():
     ap.add_argument("--bwd-dq-handoff", action="store_true",
                     help="with --bwd: fa4gen's backwards (deterministic too) hand dQ to the dQ warp through shared memory "
                          "(pipeline.bwd_dq_atomic: false; auto does at d <= 128)")
+    ap.add_argument("--skip", default="",
+                    help="comma list of cudnn, sdpa_flash: not timed (their columns stay empty; the forward is still "
+                         "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
+                         "only fa4gen and flash-attn-4")
     args = ap.parse_args()
+    skip = {name for name in args.skip.split(",") if name}
+    if not skip <= {"cudnn", "sdpa_flash"}:
+        raise SystemExit(f"--skip: expected a comma list of cudnn, sdpa_flash; got {args.skip!r}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
         raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
     global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF
@@ -258,9 +265,9 @@ def main():
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
-                if sc:  # SDPA computes no softcap: its columns would time another function
-                    impls.pop("cudnn"), impls.pop("sdpa_flash")
-                    res.update(cudnn=None, sdpa_flash=None)
+                for name in ({"cudnn", "sdpa_flash"} if sc else skip):  # (SDPA computes no softcap)
+                    impls.pop(name)
+                    res[name] = None
                 if fa4 is not None:
                     impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw)
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
@@ -289,6 +296,9 @@ def main():
                         "fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal), "sdpa_flash": _sdpa_bshd(flash, causal)}
                     if sc:
                         res.update(cudnn_bwd=None, sdpa_flash_bwd=None)
+                    for name in skip & set(bwd_impls):
+                        bwd_impls.pop(name)
+                        res[f"{name}_bwd"] = None
                     if det_pkg is not None:
                         bwd_impls["fa4gen_det"] = det_pkg.attention
                     if fa4 is not None:
