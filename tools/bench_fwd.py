@@ -265,7 +265,8 @@ def main():
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
-                for name in ({"cudnn", "sdpa_flash"} if sc else skip):  # (SDPA computes no softcap)
+                untimed = {"cudnn", "sdpa_flash"} if sc else skip  # (SDPA computes no softcap)
+                for name in untimed:
                     impls.pop(name)
                     res[name] = None
                 if fa4 is not None:
@@ -292,11 +293,9 @@ def main():
                 res["vs_best"] = round(res["fa4gen"] / best, 3) if best else None
                 if args.bwd:
                     res["bwd_first_call_s"], res["det_first_call_s"] = bwd_first_call_s, det_first_call_s
-                    bwd_impls = {"fa4gen": bwd_pkg.attention} if sc else {
-                        "fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal), "sdpa_flash": _sdpa_bshd(flash, causal)}
-                    if sc:
-                        res.update(cudnn_bwd=None, sdpa_flash_bwd=None)
-                    for name in skip & set(bwd_impls):
+                    bwd_impls = {"fa4gen": bwd_pkg.attention, "cudnn": _sdpa_bshd(cudnn, causal),
+                                 "sdpa_flash": _sdpa_bshd(flash, causal)}
+                    for name in untimed:
                         bwd_impls.pop(name)
                         res[f"{name}_bwd"] = None
                     if det_pkg is not None:
