@@ -219,7 +219,8 @@ class FakeKernels:
 
     def backward(self, *a):
         plan = self.plan
-        n = 13 + 2 * plan["dkv_accum"] + plan["deterministic"] + (plan["deterministic"] and plan["dkv_accum"])
+        claim = plan.get("dq_claim", False)
+        n = 13 + 2 * plan["dkv_accum"] + claim + plan["deterministic"] + (plan["deterministic"] and plan["dkv_accum"])
         tensors, args = a[:n], a[n:]
         q, k, v, out, dout, lse, dlse, dq, dk, dv, lse_log2, dpsum, dq_accum = tensors[:13]
         extra = list(tensors[13:])
@@ -235,8 +236,8 @@ class FakeKernels:
         for t, like in ((dq, q), (dk, k), (dv, v)):
             assert t.shape == like.shape and t.dtype == dtype and t.is_contiguous()
         # uninitialised: the backward's preprocess zeroes it before the main kernel adds into it (with the
-        # deterministic hand-off the first key block of each tile stores instead, and the postprocess zeroes
-        # the tiles no key block reaches, by their turn counter); every
+        # hand-offs the first key block of each chunk stores instead, and the postprocess zeroes the chunks
+        # no key block reaches, by their turn counter or claim flag); every
         # query tile (padded to tile_m rows) as flat fragment-order chunks per (batch, head)
         tile_m = plan["tile_m"]
         assert dq_accum.shape == (b, h, math.ceil(s_q / tile_m) * tile_m * d) and dq_accum.dtype == torch.float32
@@ -245,6 +246,10 @@ class FakeKernels:
             dk_accum, dv_accum = extra.pop(0), extra.pop(0)
             assert dk_accum.shape == (b, s_k, h_kv, d) and dv_accum.shape == (b, s_k, h_kv, d_v)
             assert dk_accum.dtype == dv_accum.dtype == torch.float32 and not dk_accum.any() and not dv_accum.any()
+        if claim:  # the non-deterministic hand-off's claim flags: one per query tile, all unclaimed
+            claim_dq = extra.pop(0)
+            assert claim_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and claim_dq.dtype == torch.int32
+            assert not claim_dq.any()
         if plan["deterministic"]:
             sem_dq = extra.pop(0)
             assert sem_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and sem_dq.dtype == torch.int32

@@ -211,9 +211,9 @@ def test_dq_postprocess_moves_16_bytes_per_instruction(compiled, cache_root):
                 continue
             sass = _function_sass(entries[f"{name}.{plan.module}"].file("kernel.sass").read_text(), "ConvertChunks")
             ops = re.findall(r"\b((?:LDG|STG|LDS|STS)(?:\.[A-Z0-9]+)*)", sass)
-            # (varlen also reads cu_seqlens, the deterministic hand-off its tile's turn counter: 32-bit index
-            # loads, not dQ data)
-            index_loads = plan.varlen or (plan.deterministic and not plan.dq_atomic)
+            # (varlen also reads cu_seqlens, the hand-offs their chunk's claim flag or turn counter: 32-bit
+            # index loads, not dQ data)
+            index_loads = plan.varlen or plan.deterministic and not plan.dq_atomic or plan.dq_claim
             loads = [o for o in ops if o.startswith("LDG") and (o.endswith(".128") or not index_loads)]
             stores = [o for o in ops if o.startswith("STG")]
             assert loads and all(o.endswith(".128") for o in loads), (name, sorted(set(loads)))
@@ -247,18 +247,27 @@ def test_bwd_preprocess_issues_its_loads_before_the_row_sum(compiled, cache_root
             wide = [o for o in ops[:first_ffma] if o.startswith("LDG") and o.endswith(".128")]
             assert len(wide) == 2 * group, (name, ops[:first_ffma])
             zeros = [o for o in ops if o.startswith("STG") and o.endswith(".128")]
-            # the deterministic hand-off stores each query tile's first dQ chunks: no zeroing there
-            assert bool(zeros) == (not plan.deterministic or plan.dq_atomic), (name, ops)
+            # the hand-offs with a flag (claim flags with a mask, or the deterministic turn 0) store each dQ
+            # chunk's first value: no zeroing there; LSE2's store then sits between the loads and the row sum
+            # in their place
+            flagged = not plan.dq_atomic and (plan.deterministic or plan.dq_claim)
+            assert bool(zeros) == (not flagged), (name, ops)
+            assert not flagged or "STG.E" in ops[:first_ffma], (name, ops[:first_ffma])
             assert all(o.endswith(".128") or o == "STG.E" for o in ops if o.startswith("STG")), (name, ops)
             checked += 1
     assert checked >= 3
 
 
-def test_deterministic_handoff_stores_a_tiles_first_dq_chunks(compiled, cache_root):
-    """With the deterministic hand-off the dQ warp stores (bulk copy, UBLKCP.G.S) the chunks of the first key
-    block of each query tile's order and reduce-adds (UBLKRED) the others, one of each per warpgroup, so the
-    preprocess does not zero the accumulator; the postprocess reads the tile's turn counter (the tiles no key
-    block reaches give dQ = 0). Every other backward only reduce-adds."""
+def test_handoffs_store_each_chunks_first_dq(compiled, cache_root):
+    """With the dQ hand-off the dQ warp stores (bulk copy, UBLKCP.G.S) a chunk's first value and reduce-adds
+    (UBLKRED) the others, one of each per warpgroup, so the preprocess does not zero the accumulator; the
+    postprocess reads the tile's flag (the tiles no key block reaches give dQ = 0). Deterministic: the first
+    key block of each query tile's order stores. Otherwise (but varlen without a mask) the first to reach a
+    query tile claims it (an atomic add per tile at the block's start), stores both chunks, and releases it
+    once the stores landed (a gpu-scope fence, then a reduction: at the next block's start or after the last
+    block), while
+    the others add at once if their claim saw the release, else poll for it first (acquire loads). Varlen
+    without a mask only reduce-adds into the accumulator the preprocess zeroed."""
     from fa4gen.compile.cache import DiskCache
 
     entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
@@ -268,13 +277,22 @@ def test_deterministic_handoff_stores_a_tiles_first_dq_chunks(compiled, cache_ro
             text = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
             main = _function_sass(text, "FlashBwd")
             stores = re.findall(r"\bUBLKCP\.G\.S\b", main)
-            assert len(stores) == (2 if plan.deterministic else 0), (name, len(stores))
+            flagged = plan.deterministic or plan.dq_claim
+            assert len(stores) == (2 if flagged else 0), (name, len(stores))
             assert len(re.findall(r"\bUBLKRED\b", main)) == 2, name
+            assert plan.dq_claim == (not plan.deterministic and (plan.mask_kind != "none" or not plan.varlen)), name
+            if plan.dq_claim:
+                # a block's claim, and the poll for the release (first load + loop)
+                assert len(re.findall(r"\bATOMG\.E\.ADD\.STRONG\.GPU\b", main)) == 3, name
+                # the releases, each after a fence: the last block's at the next block's start and after the
+                # last block
+                assert len(re.findall(r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b", main)) == 2, name
+                assert len(re.findall(r"\bMEMBAR\.ALL\.GPU\b", main)) == 2, name
             post = re.findall(r"\bLDG(?:\.[A-Z0-9]+)*", _function_sass(text, "ConvertChunks"))
             if not plan.varlen:  # (varlen also reads cu_seqlens)
-                assert sum(not o.endswith(".128") for o in post) == int(plan.deterministic), (name, post)
-            seen.add(plan.deterministic)
-    assert seen == {False, True}
+                assert sum(not o.endswith(".128") for o in post) == int(flagged), (name, post)
+            seen.add((plan.deterministic, plan.dq_claim))
+    assert {(False, True), (True, False)} <= seen, seen  # (no spec has a maskless varlen non-deterministic backward)
 
 
 def _check_backward_sass(name, plan, r, s):

@@ -438,3 +438,27 @@ def test_provenance_header_regex_on_all_python():
         for rel in ("__init__.py", *_modules(spec)):
             m = pattern.match((GENERATED / spec.name / rel).read_text().splitlines()[0])
             assert m and m.groups() == (__version__, f"specs/{path.name}", spec_digest(spec))
+
+
+@pytest.mark.parametrize("mask,varlen,deterministic", [("none", False, False), ("none", True, False),
+                                                        ("none", False, True), ("causal", False, False)])
+def test_backward_query_block_order(mask, varlen, deterministic):
+    """Every role of the backward (loads, consumers, dQ warp) visits the query blocks in one order: with the
+    dQ claim and no mask, key block n starts at its diagonal's query tile and wraps around (m_rot), so the
+    first store of each dQ chunk does not make every key block of a head wait at query tile 0; otherwise in
+    ascending order (a mask's diagonal already staggers the key blocks; determinism keeps its turns)."""
+    spec = spec_from_dict({
+        "name": "order", "targets": ["sm90"], "dtype": "bf16", "head_dim": 128, "mask": MASKS[mask],
+        "backward": True, "allow_gqa": False, "varlen": varlen, "deterministic": deterministic,
+    })
+    pkg, plans, _ = render_spec(spec, "specs/order.yaml")
+    plan = next(p for p in plans if p.direction == "bwd")
+    kernel = pkg.files["bwd_sm90.py"]
+    ast.parse(kernel)
+    staggered = mask == "none" and not varlen and not deterministic
+    assert plan.dq_claim == (not deterministic and (mask != "none" or not varlen))
+    rotated = "m_block = m_min + (i) + m_rot - (m_max - m_min) * Int32((i) + m_rot >= m_max - m_min)"
+    assert kernel.count(rotated) == (3 if staggered else 0)  # the loads, the consumers, the dQ warp
+    assert ("m_rot = " in kernel) == staggered
+    if staggered:
+        assert "pds = i % PDS_STAGES" in kernel and "(m_block - m_min) % PDS_STAGES" not in kernel

@@ -611,11 +611,14 @@ class ForwardOp:
         tensors = [q, k, v, out, dout, lse, dlse, dq, dk, dv,
                    torch.empty(stats_shape, **f32),  # lse_log2
                    torch.empty(stats_shape, **f32),  # dpsum
-                   # dq_accum: every query tile as flat chunks in the kernel's fragment order (the
-                   # preprocess zeroes it, the postprocess puts the values in place)
+                   # dq_accum: every query tile as flat chunks in the kernel's fragment order (zeroed by
+                   # the preprocess, or each chunk's first value stored by the main kernel; the postprocess
+                   # puts the values in place)
                    torch.empty((b, h, q_tiles * plan["tile_m"] * q.shape[-1]), **f32)]
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
+        if plan.get("dq_claim", False):  # (lock files written before session 20 lack the field)
+            tensors.append(torch.zeros((b, h, q_tiles), **i32))  # claim_dq: a flag per query tile
         if plan["deterministic"]:
             k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)
             tensors.append(torch.zeros((b, h, q_tiles), **i32))  # sem_dq

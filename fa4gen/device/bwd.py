@@ -8,8 +8,9 @@ Postprocess: dst = src * scale in the output dtype (dQ from its fp32 accumulator
 
 Both walk rows of a (batch, seqlen, heads, dim) tensor: a quad of 4 lanes per row, each lane
 taking every fourth 8-element (16-byte) chunk, 64 rows per 256-thread CTA. The preprocess zeroes the
-CTA's rows of the dQ accumulator (contiguous) in 16-byte chunks spread over all its threads, unless the
-main kernel stores each dQ chunk's first value itself (`zero_dq=False`: the deterministic hand-off's turn 0).
+CTA's rows of the dQ accumulator (contiguous) in 16-byte chunks spread over all its threads, unless the main
+kernel stores each dQ chunk's first value itself (`zero_dq=False`: the claim flags below, or the
+deterministic hand-off's turn 0).
 """
 
 import math
@@ -193,8 +194,13 @@ def _preprocess_row(head_dim_v: cutlass.Constexpr[int], mO: cute.Tensor, mdO: cu
         lse = mLSE[batch, head, src]
         dlse = mdLSE[batch, head, src]
         _load_chunks(o_row, do_row, ro, rdo, lane4, 0, head_dim_v)
+    # the zeroing stores (when asked for) and LSE2 leave here, between the loads and the FMAs: ptxas does not
+    # move a load past a store that may alias it, so every load of the group stays ahead of the row sum (with
+    # no store there it sank them into the FMA loop: a DRAM round trip per chunk pair; CPU SASS, sessions 19-20)
     if cutlass.const_expr(zero is not None):
         _zero_rows(*zero)
+    if (valid or dst < mLSE2.shape[2]) and lane4 == 0:
+        mLSE2[batch, head, dst] = _lse2(lse, valid)
     if valid:
         acc = _dot_chunks(ro, rdo, lane4, 0, head_dim_v, acc)
         # the other groups (varlen above head dim 128) in a loop kept rolled: with every group in line, ptxas
@@ -205,14 +211,19 @@ def _preprocess_row(head_dim_v: cutlass.Constexpr[int], mO: cute.Tensor, mdO: cu
     acc = softmax.quad_sum(acc)  # every lane of the warp takes part in the shuffles
     if valid and lane4 == 0:
         mD[batch, head, dst] = acc - dlse
-        lse2 = Float32.inf  # a row that saw no key: P = exp2(-inf) = 0 everywhere
-        if lse != -Float32.inf:
-            lse2 = lse * LOG2_E
-        mLSE2[batch, head, dst] = lse2
     elif dst < mLSE2.shape[2] and lane4 == 0:
         # the padding to whole query tiles (read by tile in the Sᵀ backward): no query there, P = 0
         mD[batch, head, dst] = Float32(0.0)
-        mLSE2[batch, head, dst] = Float32.inf
+
+
+@cute.jit
+def _lse2(lse: Float32, valid) -> Float32:
+    """LSE2 of a row: LSE * log2(e); +inf for a row that saw no key (LSE = -inf) and for the padding to
+    whole query tiles (`valid` False), so P = exp2(S * scale - LSE2) = 0 there."""
+    lse2 = Float32.inf
+    if valid and lse != -Float32.inf:
+        lse2 = lse * LOG2_E
+    return lse2
 
 
 class Convert:
@@ -294,5 +305,34 @@ def pass_turn(counter, count: cutlass.Constexpr[int] = 1):
     cute.arch.red(counter, Int32(count), op="add", dtype=Int32, sem="relaxed", scope="gpu")
 
 
-__all__ = ["Convert", "Preprocess", "PreprocessVarlen", "element_ptr", "held_view", "pass_turn", "peek_turn",
-           "wait_turn", "wait_turn_at_least"]
+# A query tile's dQ claim flag (the non-deterministic hand-off): 0 while no key block has reached the tile, the
+# number of key blocks that claimed it while its first stores (both dQ chunks) are in flight, and CLAIM_LANDED
+# more once they have landed. Key blocks per tile stay far below it (< 2**25 at int32 sequence lengths), so the
+# sum fits.
+CLAIM_LANDED = 1 << 30
+
+
+@cute.jit
+def claim(flag) -> Int32:
+    """Claim a query tile's dQ (one thread); returns the flag before the claim: 0 when this key block is the
+    first to reach the tile (it then stores its dQ chunks and calls `release`), CLAIM_LANDED or more when
+    those first stores have landed (add at once: the claim is an acquire, the pair of `release`), else they
+    are in flight (wait with `wait_landed`, then add)."""
+    return cute.arch.atomic_add(flag, Int32(1), sem="acquire", scope="gpu")
+
+
+@cute.jit
+def release(flag):
+    """The first stores of a claimed tile have landed (their bulk copies waited for): let the others add."""
+    pass_turn(flag, CLAIM_LANDED)
+
+
+@cute.jit
+def wait_landed(flag):
+    """Spin (one thread) until the tile's first stores have landed (acquire): an add issued before them would
+    be overwritten."""
+    wait_turn_at_least(flag, Int32(CLAIM_LANDED))
+
+
+__all__ = ["CLAIM_LANDED", "Convert", "Preprocess", "PreprocessVarlen", "claim", "element_ptr", "held_view",
+           "pass_turn", "peek_turn", "release", "wait_landed", "wait_turn", "wait_turn_at_least"]

@@ -178,8 +178,8 @@ class ConvertChunks:
     shared-memory tile (rows padded by 16 bytes: the fragment's scattered 2-byte stores stay free of
     bank conflicts), which then leaves with 128-bit row-contiguous stores (`staged`). Head dims whose
     16-byte row vectors do not tile 256 threads evenly (e.g. 80) store element by element instead.
-    `mSem` (the deterministic hand-off's per-tile turn counters, or None): tiles whose counter is 0 were
-    never written (no key block reaches them) and give dQ = 0."""
+    `mSem` (the deterministic hand-off's per-tile turn counters, the non-deterministic one's per-tile claim
+    flags, or None): tiles whose counter is 0 were never written (no key block reaches them) and give dQ = 0."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
         self.dtype = dtype
@@ -224,8 +224,8 @@ class ConvertChunks:
         vals = cute.make_rmem_tensor(src.shape, Float32)
         cute.autovec_copy(src, vals)
         if cutlass.const_expr(mSem is not None):
-            # the deterministic hand-off stores a tile's first chunks instead of zeroing the accumulator:
-            # a tile no key block reached (its turn counter still 0) holds what was allocated, its dQ is 0
+            # the hand-offs store a tile's first chunks instead of zeroing the accumulator: a tile no key
+            # block reached (its turn counter or claim flag still 0) holds what was allocated, its dQ is 0
             if mSem[batch, head, tile] == 0:
                 vals.fill(0.0)
         coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor((64, self.dq_n)))

@@ -122,6 +122,9 @@ class KernelPlan:
     dkv_accum: bool = False  # dK/dV summed in fp32 over the q heads of a group (GQA), else stored directly
     dq_buffers: int = 1  # fp32 dQ tiles in smem: one per consumer warpgroup, or one shared in turns
     dq_atomic: bool = False  # dQ tiles added by red.global.add.v4.f32 from registers (no smem hand-off)
+    # non-deterministic hand-off: the first key block to reach a query tile stores its dQ chunks (a claim flag
+    # per tile), the others add once they have landed, so nothing zeroes the fp32 accumulator
+    dq_claim: bool = False
     dkv_transposed: bool = False  # dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P (head dims on WGMMA's M; tile_n 96 at (192, 128))
     dkv_elementwise: bool = False  # MHA dK/dV to smem value by value (head-dim halves no multiple of stmatrix's 16)
     swap_sdp: bool = False  # compute Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ so Pᵀ and dSᵀ feed dV and dK from registers

@@ -405,6 +405,23 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     if spec.varlen:
         notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
                      "tensor, so no workspace is padded per sequence and keys past seqused_k get zero gradients")
+    # the claim needs key blocks that reach a query tile one after another, as a causal, windowed or chunked
+    # mask staggers them (key block n starts at the query tile of its diagonal); without a mask the kernel
+    # staggers them the same way (key block n starts at its diagonal's query tile and wraps around), except
+    # varlen, whose sequences' tile counts differ (left with the zeroing preprocess). Unstaggered, every key
+    # block of a head reached query tile 0 at once and waited for one store (d128 s2048: main kernel 1298 us
+    # vs flash-attn-4's 1049, the backward 0.86x of flash-attn-4 where the zeroing preprocess gave 0.98x;
+    # H200, session 21)
+    claim = not spec.deterministic and not atomic and (spec.mask.kind != "none" or not spec.varlen)
+    if claim:
+        notes.append(
+            "dQ claim: the first key block to reach a query tile claims it (an atomic add on a flag per tile) "
+            "and stores its dQ chunks (bulk copies); the others add once those stores have landed, so the "
+            "preprocess leaves the fp32 accumulator unzeroed and the postprocess gives tiles no key block "
+            "reaches dQ = 0" + ("; without a mask each key block starts at its diagonal's query tile and wraps "
+                                "around, so the key blocks of a head reach each tile one after another"
+                                if spec.mask.kind == "none" else "")
+        )
     if spec.deterministic:
         notes.append(
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
@@ -446,6 +463,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         pds_stages=pds_stages,
         dq_buffers=dq_buffers,
         dq_atomic=atomic,
+        dq_claim=claim,
         dkv_accum=spec.allow_gqa,
         swap_sdp=swap,
         dkv_transposed=dkv_t,

@@ -113,7 +113,8 @@ class FlashBwdSm90:
             scale_log2, softcap_pre, grad_scale, window_left, window_right, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, None,
+            mdQacc, mdQ, grad_scale, None,
+            None,
             stream,
         )
         bwd.Convert(HEAD_DIM)(mdKacc, mdK, grad_scale, stream)

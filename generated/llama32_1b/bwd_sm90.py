@@ -104,17 +104,20 @@ class FlashBwdSm90:
         mLSE: cute.Tensor, mdLSE: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
         mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor,
         mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+        mSemQ: cute.Tensor,
         scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,
+            mSemQ,
             scale_log2, grad_scale, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, None,
+            mdQacc, mdQ, grad_scale, None,
+            mSemQ,
             stream,
         )
         bwd.Convert(HEAD_DIM)(mdKacc, mdK, grad_scale, stream)
@@ -125,6 +128,7 @@ class FlashBwdSm90:
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor,
         mdKacc: cute.Tensor, mdVacc: cute.Tensor,
+        mSemQ: cute.Tensor,
         scale_log2: Float32, grad_scale: Float32, stream,
     ):
         # (b, s, h, d) -> (s, d, h, b)
@@ -204,6 +208,7 @@ class FlashBwdSm90:
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
+            mSemQ,
             mLSE2, mD,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
@@ -217,6 +222,7 @@ class FlashBwdSm90:
         mdQacc: cute.Tensor,
         tma_dk: cute.CopyAtom, mdKacc: cute.Tensor, tma_dv: cute.CopyAtom, mdVacc: cute.Tensor,
         sdKacc_layout: cute.ComposedLayout, sdVacc_layout: cute.ComposedLayout,
+        mSemQ: cute.Tensor,
         mLSE2: cute.Tensor, mD: cute.Tensor,
         tiled_mma_sdp: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dv: cute.TiledMma,
         tiled_mma_dq: cute.TiledMma,
@@ -313,6 +319,12 @@ class FlashBwdSm90:
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tiles (one chunk of 64 x DQ_N per warpgroup, in
                 # fragment order) into the fp32 accumulator, one bulk reduce each
+                # pend = 1: this key block stored query block pend_m's dQ chunks first and has not released its
+                # flag. Released once the bulk copies landed, in the next block before its first tile arrives
+                # (after the buffers are handed back) or after the last: a CTA polls only at a block's first
+                # chunk, after that release, so none waits for a flag while holding one back
+                pend = Int32(0)
+                pend_m = Int32(0)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
                     if cutlass.const_expr(DQ_BUFS == 2):
@@ -321,19 +333,54 @@ class FlashBwdSm90:
                         for w in cutlass.range_constexpr(2):
                             cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
                             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                    # claim the block's query tile now (lane 0): the atomic's round trip overlaps the consumers'
+                    # GEMMs. claimed: 0 = this key block is the first (it stores both chunks), CLAIM_LANDED or
+                    # more = the first stores have landed (add), else they are in flight (poll, then add)
+                    claimed = Int32(0)
+                    if cute.arch.lane_idx() == 0:
+                        claimed = bwd.claim(bwd.element_ptr(mSemQ, (batch, head, m_block)))
                     for w in cutlass.range_constexpr(2):
                         if cutlass.const_expr(DQ_BUFS == 1):
                             # one buffer in turns: warpgroup w may write once the previous reduce has read it
                             cute.arch.cp_async_bulk_wait_group(0, read=True)
                             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        if cutlass.const_expr(w == 0):
+                            # the last block's tile, once its buffers are handed back: the key blocks that reach
+                            # it next (a block step or more later, the diagonal staggering them) find it released
+                            if pend != 0:
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                if cute.arch.lane_idx() == 0:
+                                    bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
+                                pend = Int32(0)
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        # (not `chunk`: with a chunked mask that is the chunk size)
+                        dq_chunk = (m_block) * 2 + w
+                        # the first key block to reach the tile stores its chunks, the others wait until those
+                        # stores have landed and add: the preprocess leaves the accumulator as it was allocated,
+                        # and the postprocess zeroes the tiles no key block reached (flag still 0)
+                        if cutlass.const_expr(w == 0):
+                            claimed = cute.arch.shuffle_sync(claimed, 0)
+                            if claimed > 0:
+                                if claimed < bwd.CLAIM_LANDED:
+                                    if cute.arch.lane_idx() == 0:
+                                        bwd.wait_landed(bwd.element_ptr(mSemQ, (batch, head, m_block)))
+                                    cute.arch.sync_warp()
                         with cute.arch.elect_one():
-                            # (not `chunk`: with a chunked mask that is the chunk size)
-                            dq_chunk = (m_block) * 2 + w
                             dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
-                            hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
+                            if claimed == 0:
+                                hopper.store_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
+                            else:
+                                hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
                             cute.arch.cp_async_bulk_commit_group()
+                    if claimed == 0:
+                        pend = Int32(1)
+                        pend_m = m_block
                 cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if pend != 0:
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    if cute.arch.lane_idx() == 0:
+                        bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
+                    pend = Int32(0)
                 # the epilogue reuses the dQ buffers: hand them over once the last tiles are read out
                 for w in cutlass.range_constexpr(2):
                     cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
@@ -645,6 +692,7 @@ def fake_arguments():
         *fake.padded_stats(b, h_q),
         fake.accumulator(b, h_q),
         fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM), fake.bshd(Float32, b, s_k, h_kv, HEAD_DIM_V),
+        fake.semaphores(b, h_q, n_m),
         Float32(1.0), Float32(1.0),
         fake.stream(),
     )

@@ -112,7 +112,8 @@ class FlashBwdSm90:
             scale_log2, grad_scale, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None, mSemQ,
+            mdQacc, mdQ, grad_scale, None,
+            mSemQ,
             stream,
         )
 
@@ -317,9 +318,9 @@ class FlashBwdSm90:
                                 bwd.wait_turn(sem, turn)
                             cute.arch.sync_warp()
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        # (not `chunk`: with a chunked mask that is the chunk size)
+                        dq_chunk = (m_block) * 2 + w
                         with cute.arch.elect_one():
-                            # (not `chunk`: with a chunked mask that is the chunk size)
-                            dq_chunk = (m_block) * 2 + w
                             dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
                             # the first key block of the order stores its chunk, the others add to it: the
                             # preprocess leaves the accumulator as it was allocated, and the postprocess zeroes
