@@ -119,19 +119,51 @@ def store_bulk(gmem: cute.Pointer, smem: cute.Pointer, nbytes: int, *, loc=None,
     _bulk_s2g("cp.async.bulk.global.shared::cta.bulk_group", gmem, smem, nbytes, loc, ip)
 
 
-@dsl_user_op
-def reduce_add_v4(gmem: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
-    """gmem[0:4] += (a, b, c, d) in fp32, one vector reduction in global memory (no return value;
-    16-byte aligned; relaxed, gpu scope: visible to the kernels that run after this one)."""
+def _global_v4(instruction: str, gmem: cute.Pointer, values, loc, ip):
+    """One 128-bit global operation `instruction [gmem], {4 fp32 values};` (16-byte aligned)."""
     llvm.inline_asm(
         None,
-        [gmem.llvm_ptr] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (a, b, c, d)],
-        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
+        [gmem.llvm_ptr] + [Float32(x).ir_value(loc=loc, ip=ip) for x in values],
+        f"{instruction} [$0], {{$1, $2, $3, $4}};",
         "l,f,f,f,f",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
     )
+
+
+@dsl_user_op
+def reduce_add_v4(gmem: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
+    """gmem[0:4] += (a, b, c, d) in fp32, one vector reduction in global memory (no return value;
+    16-byte aligned; relaxed, gpu scope: visible to the kernels that run after this one)."""
+    _global_v4("red.global.add.v4.f32", gmem, (a, b, c, d), loc, ip)
+
+
+@dsl_user_op
+def store_v4(gmem: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32, *, loc=None, ip=None):
+    """gmem[0:4] = (a, b, c, d) in fp32, one 128-bit global store (16-byte aligned)."""
+    _global_v4("st.global.v4.f32", gmem, (a, b, c, d), loc, ip)
+
+
+@cute.jit
+def store_or_reduce_chunk(acc: cute.Tensor, chunk: cute.Pointer, t, store: Int32):
+    """`reduce_chunk`, or with `store` nonzero (block-uniform: the deterministic backward's first key block of
+    a tile's order) the same positions stored instead of added: one branch around each form's run of 128-bit
+    operations."""
+    flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+    mine = chunk + CHUNK_VEC * t
+    if store != 0:
+        for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
+            store_v4(
+                mine + CHUNK_THREADS * CHUNK_VEC * v,
+                flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
+            )
+    else:
+        for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
+            reduce_add_v4(
+                mine + CHUNK_THREADS * CHUNK_VEC * v,
+                flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
+            )
 
 
 @cute.jit
