@@ -66,7 +66,8 @@ def main():
             for kname, us in row[name].items():
                 print(f"    {us:9.1f} us  {100 * us / total:5.1f}%  {kname}")
         result.append(row)
-    (out_dir / "bwd_profile.json").write_text(json.dumps(result, indent=1))
+        # after every case, so a device call stopped by its time limit still returns the finished ones
+        (out_dir / "bwd_profile.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
