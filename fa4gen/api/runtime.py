@@ -617,7 +617,7 @@ class ForwardOp:
                    torch.empty((b, h, q_tiles * plan["tile_m"] * q.shape[-1]), **f32)]
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
-        if plan.get("dq_claim", False):  # (lock files written before session 20 lack the field)
+        if plan.get("dq_claim", False):  # (lock files written before session 22 lack the field)
             tensors.append(torch.zeros((b, h, q_tiles), **i32))  # claim_dq: a flag per query tile
         if plan["deterministic"]:
             k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)

@@ -411,7 +411,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # varlen, whose sequences' tile counts differ (left with the zeroing preprocess). Unstaggered, every key
     # block of a head reached query tile 0 at once and waited for one store (d128 s2048: main kernel 1298 us
     # vs flash-attn-4's 1049, the backward 0.86x of flash-attn-4 where the zeroing preprocess gave 0.98x;
-    # H200, session 21)
+    # H200, session 21). dQ from registers (atomic) keeps the zeroing preprocess: its claim, a claim warp
+    # holding the consumers at each block's dQ writes, slowed the d256 main kernel by more than the
+    # preprocess saves (session 22; docs/patches)
     claim = not spec.deterministic and not atomic and (spec.mask.kind != "none" or not spec.varlen)
     if claim:
         notes.append(
