@@ -11,6 +11,9 @@
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
 #                prints each run's markdown table in place of the comparison; bench_fwd.py runs with
 #                --skip cudnn,sdpa_flash (the comparison reads fa4gen and flash-attn-4 only; AB_ALL=1 times all)
+#                and, before the rounds, both sides' fa4gen kernels are compiled in parallel processes
+#                (bench_fwd.py --prebuild N --prebuild-only, half the cores per side; AB_NO_PREBUILD=1 skips it)
+#                and flash-attn-4 keeps its compiled kernels on disk between the runs (AB_FA4_CACHE=0: it does not)
 #
 # .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
 # is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
@@ -43,6 +46,24 @@ case "${1:-}" in
     extra=()
     [[ $script == bench_fwd.py && -z "${AB_ALL:-}" ]] && extra=(--skip cudnn,sdpa_flash)
     mkdir -p "$out"
+    # flash-attn-4's own persistent compile cache (off by default in its 4.0 betas): its kernels compile in
+    # the first run and load in the others instead of compiling again in every process (AB_FA4_CACHE=0: off)
+    if [[ "${AB_FA4_CACHE:-1}" != 0 ]]; then
+      export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4gen_ab_fa4_cache
+    fi
+    if [[ $script == bench_fwd.py && -z "${AB_NO_PREBUILD:-}" ]]; then
+      # both sides' fa4gen kernels compiled first, side by side, half the cores each (tools/prebuild.py): the
+      # timed runs then load them from their caches instead of compiling one kernel at a time
+      workers=$(( $(nproc) / 2 )); (( workers < 1 )) && workers=1
+      for side in new ref; do
+        pp=$PYTHONPATH
+        [[ $side == ref ]] && pp="$root/.ab/ref:$PYTHONPATH"
+        (cd "$root/tools" && PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 bench_fwd.py "$@" \
+          --prebuild "$workers" --prebuild-only > "$out/prebuild_$side.log" 2>&1 || echo "  prebuild $side: exit $? (see $out/prebuild_$side.log)") &
+      done
+      wait
+      echo "prebuild: $(tail -n 1 "$out/prebuild_new.log") (new), $(tail -n 1 "$out/prebuild_ref.log") (ref)"
+    fi
     for round in $(seq 1 "$rounds"); do
       # ABBA: odd rounds new first, even rounds ref first, so a steady clock drift over the call does not
       # favour one side (the same order every round did)

@@ -25,7 +25,11 @@ import time
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
+
+try:
+    from triton.testing import do_bench
+except ImportError:  # a CPU machine: only --prebuild-only runs there
+    do_bench = None
 
 import fa4gen
 
@@ -181,6 +185,19 @@ def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1)
         res["det_vs_nondet"] = round(res["fa4gen_det_bwd"] / ours, 3)
 
 
+def run_specs(args) -> list[dict]:
+    """The fa4gen spec dicts the grid run builds, in its order: per (dims, mask) the forward, then with --bwd
+    the backward and with --deterministic the deterministic one (the dicts `fa4gen.build` gets below)."""
+    specs = []
+    for d, dv in _dims(args.dims):
+        for causal in (m == "causal" for m in _masks(args.masks)):
+            specs.append(_fwd_spec(d, causal, dv, args.tile_m, args.softcap))
+            if args.bwd:
+                specs += [_bwd_spec(d, causal, det, args.bwd_swap_ab, dv, args.softcap)
+                          for det in ((False, True) if args.deterministic else (False,))]
+    return specs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
@@ -210,6 +227,11 @@ def main():
     ap.add_argument("--bwd-dq-handoff", action="store_true",
                     help="with --bwd: fa4gen's backwards (deterministic too) hand dQ to the dQ warp through shared memory "
                          "(pipeline.bwd_dq_atomic: false; auto does at d <= 128)")
+    ap.add_argument("--prebuild", type=int, default=0, metavar="N",
+                    help="first compile every fa4gen kernel of the run in N processes (tools/prebuild.py; no GPU "
+                         "needed), so each first call loads from the disk cache: the first_call_s columns then time "
+                         "a cache load, not a compile")
+    ap.add_argument("--prebuild-only", action="store_true", help="with --prebuild: stop after compiling")
     ap.add_argument("--skip", default="",
                     help="comma list of cudnn, sdpa_flash: not timed (their columns stay empty; the forward is still "
                          "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
@@ -226,6 +248,22 @@ def main():
         from fa4gen.plan import sm90
 
         sm90.BWD_STAGE_ORDER = (tuple(int(x) for x in args.bwd_stages.split(",")),) + sm90.BWD_STAGE_ORDER
+    if args.prebuild_only and not args.prebuild:
+        raise SystemExit("--prebuild-only: give --prebuild N (the number of compile processes) too")
+    if args.prebuild:
+        if args.ablation or args.bwd_stages:
+            # (the ablation builds its own variants; --bwd-stages changes planning in this process only)
+            raise SystemExit("--prebuild: not with --ablation or --bwd-stages")
+        from prebuild import prebuild
+
+        results = prebuild(run_specs(args), args.prebuild)
+        failed = [f"{name}.{module}" for name, module, status, _ in results if status.startswith("failed")]
+        if failed:
+            print(f"prebuild: {len(failed)} failed ({', '.join(failed)}); the run compiles those at their first call")
+        if args.prebuild_only:
+            return
+    if do_bench is None:
+        raise SystemExit("bench_fwd.py times on the GPU machine (triton's do_bench is not importable here)")
     if args.ablation:
         return ablation(Path(args.out), args.ablation_dim)
     out_dir = Path(args.out)
@@ -245,6 +283,7 @@ def main():
             t0 = time.perf_counter()
             sc = args.softcap
             fa4_kw = {"softcap": sc} if sc else {}  # flash-attn-4 computes the same softcap
+            # (run_specs lists the specs built here, for --prebuild: keep the two in step)
             pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m, sc))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))

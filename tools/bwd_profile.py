@@ -43,14 +43,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="128:8192:n,128:2048:n,256:8192:n")
     ap.add_argument("--out", default="bwd_profile_out")
+    ap.add_argument("--prebuild", type=int, default=0, metavar="N",
+                    help="first compile the cases' fa4gen kernels in N processes (tools/prebuild.py)")
     args = ap.parse_args()
+    cases = [(int(d), int(s), c == "y") for d, s, c in (case.split(":") for case in args.cases.split(","))]
+    if args.prebuild:
+        from prebuild import prebuild
+
+        prebuild([_bwd_spec(d, causal, False) for d, _, causal in cases], args.prebuild)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     fa4 = _fa4()
     result = []
-    for case in args.cases.split(","):
-        d, s, c = case.split(":")
-        d, s, causal = int(d), int(s), c == "y"
+    for d, s, causal in cases:
         b, h = 16384 // s, 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         pkg = fa4gen.build(_bwd_spec(d, causal, False))

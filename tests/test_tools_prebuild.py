@@ -1,0 +1,55 @@
+"""tools/prebuild.py compiles a benchmark's kernels ahead of time in parallel processes: what it stores must be
+what the timed run's first call looks up, i.e. the cache entry of the module `fa4gen.build(spec_dict)` writes
+(same rendered source, same key), or the prebuild saves nothing."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SPEC = dict(name="prebuild_probe", targets=["sm90"], dtype="bf16", head_dim=64, head_dim_v=64,
+            mask={"kind": "causal"}, softcap=0.0, pipeline={"tile_m": "auto"})
+
+
+def _tool():
+    # imported by name from tools/ (not load_tool): the spawned workers unpickle `prebuild.compile_job`
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import prebuild
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    return prebuild
+
+
+def test_jobs_cover_every_kernel_of_each_spec_once():
+    from fa4gen.builder import plan_spec
+    from fa4gen.spec import spec_from_dict
+
+    tool = _tool()
+    modules = [p.module for p in plan_spec(spec_from_dict(SPEC, source="<dict>"))[0]]
+    jobs = tool.jobs_of([SPEC, dict(SPEC), {**SPEC, "name": "prebuild_probe2"}])
+    assert [m for _, m in jobs] == modules * 2  # the repeated dict once, the renamed spec again
+    assert {d["name"] for d, _ in jobs} == {"prebuild_probe", "prebuild_probe2"}
+
+
+@pytest.mark.compile
+def test_prebuilt_kernels_are_what_the_built_package_loads(cache_root):
+    from fa4gen import build
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.generated import compile_generated
+
+    lines = []
+    results = _tool().prebuild([SPEC], workers=2, log=lines.append)
+    assert results and all(status == "compiled" for _, _, status, _ in results), results
+    assert lines[0] == f"prebuild: fa4gen from {ROOT / 'fa4gen'}"
+    assert lines[1].startswith(f"prebuild: {len(results)} kernels of 1 specs") and lines[-1].startswith("prebuild: done")
+    pkg = build(SPEC)  # renders and imports the package; its kernels compile at their first call
+    pkg_dir = Path(pkg.__file__).parent
+    from fa4gen.builder import plan_spec
+    from fa4gen.spec import spec_from_dict
+
+    for plan in plan_spec(spec_from_dict(SPEC, source="<dict>"))[0]:
+        res = compile_generated(pkg_dir / f"{plan.module}.py", f"{pkg.__name__}.{plan.module}", plan.to_dict(),
+                                cache=DiskCache())
+        assert res.cache_hit, plan.module  # the first call would load, not compile
