@@ -8,7 +8,8 @@ a markdown table with ratio columns to --out.
 
 --bwd adds backward columns: the time of out.backward(dout) alone (the forward graph is kept and
 the input gradients are reset outside the timed region), bwd TFLOP/s = 2.5 × fwd FLOPs / time, for
-fa4gen (specs with backward: true; allow_gqa: false, since the grid is MHA), flash-attn-4's
+fa4gen (specs with backward: true; allow_gqa: false, since the grid is MHA; --gqa G gives k and v
+heads / G heads and allow_gqa: true), flash-attn-4's
 flash_attn_func and SDPA's cuDNN and flash backends; --deterministic adds fa4gen's deterministic: true
 backward. Outputs go to bench_bwd.{json,md} then (bench_fwd.* otherwise); each finished cell is also appended
 to bench_bwd.partial.jsonl (bench_fwd.partial.jsonl), which is what a run stopped by a timeout leaves.
@@ -50,8 +51,9 @@ def _sdpa(backend):
     be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
 
     def run(q, k, v, causal):
-        with sdpa_kernel(be):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        with sdpa_kernel(be):  # (BHSD: fewer key/value heads than query heads with --gqa)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                    enable_gqa=k.shape[1] != q.shape[1])
 
     return run
 
@@ -103,7 +105,7 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softca
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None,
-              softcap: float = 0.0) -> dict:
+              softcap: float = 0.0, gqa: bool = False) -> dict:
     if DQ_HANDOFF:
         atomic = False
     elif DET_DQ_ATOMIC if deterministic else DQ_ATOMIC:
@@ -112,11 +114,12 @@ def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, 
         atomic = None  # the plan's auto
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}"
             f"{'' if atomic is None else '_atomic' if atomic else '_handoff'}"
-            f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}")
+            f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
+            f"{'_gqa' if gqa else ''}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({} if atomic is None else {"bwd_dq_atomic": atomic})
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
                 mask={"kind": "causal" if causal else "none"}, softcap=softcap,
-                backward=True, deterministic=deterministic, allow_gqa=False, pipeline=pipeline)
+                backward=True, deterministic=deterministic, allow_gqa=gqa, pipeline=pipeline)
 
 
 def _warm_backward(pkg, d: int, dv: int | None = None) -> float:
@@ -193,7 +196,7 @@ def run_specs(args) -> list[dict]:
         for causal in (m == "causal" for m in _masks(args.masks)):
             specs.append(_fwd_spec(d, causal, dv, args.tile_m, args.softcap))
             if args.bwd:
-                specs += [_bwd_spec(d, causal, det, args.bwd_swap_ab, dv, args.softcap)
+                specs += [_bwd_spec(d, causal, det, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
                           for det in ((False, True) if args.deterministic else (False,))]
     return specs
 
@@ -227,6 +230,9 @@ def main():
     ap.add_argument("--bwd-dq-handoff", action="store_true",
                     help="with --bwd: fa4gen's backwards (deterministic too) hand dQ to the dQ warp through shared memory "
                          "(pipeline.bwd_dq_atomic: false; auto does at d <= 128)")
+    ap.add_argument("--gqa", type=int, default=1, metavar="G",
+                    help="query heads per key/value head (default 1: the grid is MHA; G > 1 gives k and v "
+                         "heads / G heads and fa4gen's backward allow_gqa: true)")
     ap.add_argument("--prebuild", type=int, default=0, metavar="N",
                     help="first compile every fa4gen kernel of the run in N processes (tools/prebuild.py; no GPU "
                          "needed), so each first call loads from the disk cache: the first_call_s columns then time "
@@ -248,6 +254,8 @@ def main():
         from fa4gen.plan import sm90
 
         sm90.BWD_STAGE_ORDER = (tuple(int(x) for x in args.bwd_stages.split(",")),) + sm90.BWD_STAGE_ORDER
+    if args.gqa < 1 or any((2048 // d) % args.gqa for d, _ in _dims(args.dims)):
+        raise SystemExit(f"--gqa: expected a positive count dividing every row's head count (2048 / d), got {args.gqa}")
     if args.prebuild_only and not args.prebuild:
         raise SystemExit("--prebuild-only: give --prebuild N (the number of compile processes) too")
     if args.prebuild:
@@ -290,17 +298,21 @@ def main():
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
             if args.bwd:
-                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv, sc))
+                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv, sc, args.gqa > 1))
                 bwd_first_call_s = _warm_backward(bwd_pkg, d, dv)
-                det_pkg = fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv, sc)) if args.deterministic else None
+                det_pkg = (fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv, sc, args.gqa > 1))
+                           if args.deterministic else None)
                 det_first_call_s = _warm_backward(det_pkg, d, dv) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d
-                q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-                v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+                h_kv = h // args.gqa
+                q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn(b, s, h_kv, dv, device="cuda", dtype=torch.bfloat16)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)  # Q·Kᵀ over d, P·V over dv
-                res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "first_call_s": first_call_s}
+                res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
+                       "first_call_s": first_call_s}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
@@ -361,7 +373,9 @@ def main():
         head += " bwd det | det/non-det | bwd FA4 det |" if args.deterministic else ""
     head += " diff vs cuDNN |"
     lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
-             f"{args.repeats} timing pass(es) per cell", "", head, "|---" * (head.count("|") - 1) + "|"]
+             f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
+                                                          if args.gqa > 1 else ""),
+             "", head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         dims = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
         line = (f"| {dims} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
