@@ -53,3 +53,21 @@ def test_prebuilt_kernels_are_what_the_built_package_loads(cache_root):
         res = compile_generated(pkg_dir / f"{plan.module}.py", f"{pkg.__name__}.{plan.module}", plan.to_dict(),
                                 cache=DiskCache())
         assert res.cache_hit, plan.module  # the first call would load, not compile
+
+
+def test_bench_run_specs_are_the_rows_specs():
+    """bench_fwd.py --prebuild compiles run_specs(args): each row's forward, backward and deterministic
+    backward (the same row_specs the timed loop builds), GQA backwards with --gqa."""
+    from types import SimpleNamespace
+
+    from conftest import load_tool
+
+    bench = load_tool("bench_fwd")
+    args = SimpleNamespace(dims="128,192x128", masks="none,causal", bwd=True, deterministic=True, bwd_swap_ab=False,
+                           softcap=0.0, gqa=4, tile_m="auto")
+    specs = bench.run_specs(args)
+    assert len(specs) == 2 * 2 * 3
+    assert [s["name"] for s in specs[:3]] == ["bench_d128_full", "bench_bwd_d128_full_gqa", "bench_bwd_det_d128_full_gqa"]
+    assert all(s["allow_gqa"] for s in specs if s.get("backward"))
+    assert [s["name"] for s in bench.run_specs(SimpleNamespace(**{**vars(args), "bwd": False, "gqa": 1}))] == [
+        "bench_d128_full", "bench_d128_causal", "bench_d192x128_full", "bench_d192x128_causal"]

@@ -188,17 +188,20 @@ def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1)
         res["det_vs_nondet"] = round(res["fa4gen_det_bwd"] / ours, 3)
 
 
+def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, dict | None]:
+    """The fa4gen spec dicts of one grid row: the forward, the backward (--bwd) and the deterministic
+    backward (--deterministic), None where the run has none."""
+    def bwd(deterministic: bool) -> dict:
+        return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
+
+    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap), bwd(False) if args.bwd else None,
+            bwd(True) if args.bwd and args.deterministic else None)
+
+
 def run_specs(args) -> list[dict]:
-    """The fa4gen spec dicts the grid run builds, in its order: per (dims, mask) the forward, then with --bwd
-    the backward and with --deterministic the deterministic one (the dicts `fa4gen.build` gets below)."""
-    specs = []
-    for d, dv in _dims(args.dims):
-        for causal in (m == "causal" for m in _masks(args.masks)):
-            specs.append(_fwd_spec(d, causal, dv, args.tile_m, args.softcap))
-            if args.bwd:
-                specs += [_bwd_spec(d, causal, det, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
-                          for det in ((False, True) if args.deterministic else (False,))]
-    return specs
+    """Every fa4gen spec dict the grid run builds, in its order (for --prebuild)."""
+    return [spec for d, dv in _dims(args.dims) for causal in (m == "causal" for m in _masks(args.masks))
+            for spec in row_specs(args, d, dv, causal) if spec is not None]
 
 
 def main():
@@ -291,17 +294,16 @@ def main():
             t0 = time.perf_counter()
             sc = args.softcap
             fa4_kw = {"softcap": sc} if sc else {}  # flash-attn-4 computes the same softcap
-            # (run_specs lists the specs built here, for --prebuild: keep the two in step)
-            pkg = fa4gen.build(_fwd_spec(d, causal, dv, args.tile_m, sc))
+            fwd_spec, bwd_spec, det_spec = row_specs(args, d, dv, causal)
+            pkg = fa4gen.build(fwd_spec)
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
             torch.cuda.synchronize()
             first_call_s = round(time.perf_counter() - t0, 2)
             if args.bwd:
-                bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, args.bwd_swap_ab, dv, sc, args.gqa > 1))
+                bwd_pkg = fa4gen.build(bwd_spec)
                 bwd_first_call_s = _warm_backward(bwd_pkg, d, dv)
-                det_pkg = (fa4gen.build(_bwd_spec(d, causal, True, args.bwd_swap_ab, dv, sc, args.gqa > 1))
-                           if args.deterministic else None)
+                det_pkg = fa4gen.build(det_spec) if det_spec is not None else None
                 det_first_call_s = _warm_backward(det_pkg, d, dv) if det_pkg is not None else None
             for s in map(int, args.seqlens.split(",")):
                 b, h = 16384 // s, 2048 // d

@@ -145,39 +145,41 @@ def store_v4(gmem: cute.Pointer, a: Float32, b: Float32, c: Float32, d: Float32,
     _global_v4("st.global.v4.f32", gmem, (a, b, c, d), loc, ip)
 
 
+def _chunk_view(acc: cute.Tensor, chunk: cute.Pointer, t):
+    """Thread t's values of a warpgroup's fp32 accumulator `acc`, flat, and the address of its first 16 bytes
+    in the flat global chunk at `chunk` (fragment order: values 4v..4v+3 at floats 512 v + 4 t, as
+    `chunk_copy` stores them; consecutive lanes on consecutive 16 bytes)."""
+    flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+    return flat, chunk + CHUNK_VEC * t  # then constant offsets: immediates in the addresses
+
+
+def _write_chunk(write, flat: cute.Tensor, mine: cute.Pointer):
+    """One 128-bit `write` (`reduce_add_v4` or `store_v4`) per 4 values of `_chunk_view`'s share (traced
+    inline: not a jit function, so a plain Python loop, unrolled as range_constexpr is)."""
+    for v in range(cute.size(flat) // CHUNK_VEC):
+        write(
+            mine + CHUNK_THREADS * CHUNK_VEC * v,
+            flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
+        )
+
+
 @cute.jit
 def store_or_reduce_chunk(acc: cute.Tensor, chunk: cute.Pointer, t, store: Int32):
-    """`reduce_chunk`, or with `store` nonzero (block-uniform: the deterministic backward's first key block of
-    a tile's order) the same positions stored instead of added: one branch around each form's run of 128-bit
-    operations."""
-    flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
-    mine = chunk + CHUNK_VEC * t
+    """`reduce_chunk`, or with `store` nonzero (block-uniform: the first key block of a tile's order in
+    the deterministic backward, or the claim's winner) the same positions stored instead of added: one
+    branch around each form's run of 128-bit operations."""
+    flat, mine = _chunk_view(acc, chunk, t)
     if store != 0:
-        for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
-            store_v4(
-                mine + CHUNK_THREADS * CHUNK_VEC * v,
-                flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
-            )
+        _write_chunk(store_v4, flat, mine)
     else:
-        for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
-            reduce_add_v4(
-                mine + CHUNK_THREADS * CHUNK_VEC * v,
-                flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
-            )
+        _write_chunk(reduce_add_v4, flat, mine)
 
 
 @cute.jit
 def reduce_chunk(acc: cute.Tensor, chunk: cute.Pointer, t):
     """Add thread t's share of a warpgroup's fp32 accumulator `acc` into the flat global chunk at
-    `chunk` in fragment order (values 4v..4v+3 at floats 512 v + 4 t, as `chunk_copy` stores them):
-    one 128-bit reduction each, consecutive lanes on consecutive 16 bytes."""
-    flat = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
-    mine = chunk + CHUNK_VEC * t  # then constant offsets: immediates in the REDG addresses
-    for v in cutlass.range_constexpr(cute.size(acc) // CHUNK_VEC):
-        reduce_add_v4(
-            mine + CHUNK_THREADS * CHUNK_VEC * v,
-            flat[CHUNK_VEC * v], flat[CHUNK_VEC * v + 1], flat[CHUNK_VEC * v + 2], flat[CHUNK_VEC * v + 3],
-        )
+    `chunk` in fragment order (`_chunk_view`): one 128-bit reduction each."""
+    _write_chunk(reduce_add_v4, *_chunk_view(acc, chunk, t))
 
 
 @dsl_user_op
