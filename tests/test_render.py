@@ -455,8 +455,8 @@ def test_backward_query_block_order(mask, varlen, deterministic):
     plan = next(p for p in plans if p.direction == "bwd")
     kernel = pkg.files["bwd_sm90.py"]
     ast.parse(kernel)
-    staggered = mask == "none" and not varlen and not deterministic
-    assert plan.dq_claim == (not deterministic and (mask != "none" or not varlen))
+    staggered = mask == "none" and not deterministic
+    assert plan.dq_claim == (not deterministic)
     rotated = "m_block = m_min + (i) + m_rot - (m_max - m_min) * Int32((i) + m_rot >= m_max - m_min)"
     assert kernel.count(rotated) == (3 if staggered else 0)  # the loads, the consumers, the dQ warp
     assert ("m_rot = " in kernel) == staggered

@@ -407,14 +407,14 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
                      "tensor, so no workspace is padded per sequence and keys past seqused_k get zero gradients")
     # the claim needs key blocks that reach a query tile one after another, as a causal, windowed or chunked
     # mask staggers them (key block n starts at the query tile of its diagonal); without a mask the kernel
-    # staggers them the same way (key block n starts at its diagonal's query tile and wraps around), except
-    # varlen, whose sequences' tile counts differ (left with the zeroing preprocess). Unstaggered, every key
+    # staggers them the same way (key block n starts at its diagonal's query tile and wraps around; varlen:
+    # n counted within its sequence, the wrap at that sequence's tile count). Unstaggered, every key
     # block of a head reached query tile 0 at once and waited for one store (d128 s2048: main kernel 1298 us
     # vs flash-attn-4's 1049, the backward 0.86x of flash-attn-4 where the zeroing preprocess gave 0.98x;
     # H200, session 21). dQ from registers (atomic) keeps the zeroing preprocess: its claim, a claim warp
     # holding the consumers at each block's dQ writes, slowed the d256 main kernel by more than the
     # preprocess saves (session 22; docs/patches)
-    claim = not spec.deterministic and not atomic and (spec.mask.kind != "none" or not spec.varlen)
+    claim = not spec.deterministic and not atomic
     if claim:
         notes.append(
             "dQ claim: the first key block to reach a query tile claims it (an atomic add on a flag per tile) "
