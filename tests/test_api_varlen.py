@@ -139,3 +139,38 @@ def test_backward_takes_unchecked_sequences_as_monotone_copies():
     p = Packed.check("x", True, _i32(ok), _i32(ok), None, None)
     p.resolve(total, total)
     assert p.checked and p.backward_tensors(total, total)[0] is p.cu_q
+
+
+def test_postprocess_spare_tiles_zero_every_padding_row_once():
+    """The backward allocates its gradients uninitialised; rows after the last sequence (unchecked values
+    with padding) are zeroed by ConvertChunks' spare tiles (fa4gen/device/sm90.py): a tile is spare when
+    tile_of puts it past the last sequence's end, spare j of `grid - owned` zeroes tile_m-row blocks j,
+    j + spares, ... from that end. Over monotone sequence values (what the backward launches), every grid of
+    ceil(total / tile_m) + batch tiles has a spare tile, and the spares cover the padding exactly once."""
+    import random
+
+    from fa4gen.emulate.tiling import sequence_bounds, tile_of, tiles_before
+
+    rng = random.Random(5)
+    for _ in range(300):
+        tile_m = rng.choice([64, 80, 128])
+        batch = rng.randint(1, 40)
+        lengths = [rng.choice([0, 1, tile_m - 1, tile_m, tile_m + 1, rng.randint(0, 700)]) for _ in range(batch)]
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        total = cu[-1] + rng.choice([0, 1, tile_m - 1, tile_m, 3 * tile_m + 5, rng.randint(0, 2000)])
+        grid = -(-total // tile_m) + batch
+        owned = tiles_before(cu, batch, total, tile_m)
+        zeroed = []
+        for tile in range(grid):
+            seq, m_block = tile_of(cu, batch, total, tile, tile_m, False)
+            offset, seqlen = sequence_bounds(cu, seq, total)
+            spare = m_block * tile_m >= seqlen
+            assert spare == (tile >= owned), (cu, total, tile)
+            if spare:
+                j, spares = tile - owned, grid - owned
+                for r0 in range(offset + seqlen + j * tile_m, total, spares * tile_m):
+                    zeroed += [r for r in range(r0, r0 + tile_m) if r < total]
+        assert grid > owned, (cu, total)
+        assert sorted(zeroed) == list(range(cu[-1], total)), (cu, total)

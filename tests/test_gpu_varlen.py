@@ -248,3 +248,38 @@ def test_varlen_backward_matches_reference(name):
             again = torch.autograd.grad(pkg.attention(*leaves, return_lse=True, **seq), leaves, [dout, dlse])
             for g_name, a, b in zip(("dq", "dk", "dv"), grads, again):
                 assert torch.equal(a, b), f"{where}: deterministic {g_name} differs between runs"
+
+
+@pytest.mark.parametrize("name", sorted(BWD_VARIANTS))
+def test_varlen_backward_padding_rows_unchecked(name):
+    """max_seqlen_q given (the sequence values go unchecked, no device sync) and packed tensors that end in
+    rows no sequence covers (the padding of static shapes): those rows' gradients are exactly 0 — written by
+    the kernels, since the gradients are allocated uninitialised (and poisoned here) — and the sequences'
+    rows match the reference. The query padding spans more than one tile, so several spare tiles share it."""
+    pkg = _package(name)
+    spec = pkg._forward.spec
+    h, h_kv = (4, 4) if not spec["allow_gqa"] else HEADS
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
+    sem = _semantics(pkg)
+    lq, lk, pad_q, pad_k = [37, 200, 129], [53, 160, 201], 211, 97
+    q, k, v, seq = _packed_inputs(spec, lq, lk, None, h, h_kv, gen)
+    pads = [torch.randn(n, *t.shape[1:], device="cuda", dtype=t.dtype, generator=gen)
+            for n, t in ((pad_q, q), (pad_k, k), (pad_k, v))]
+    leaves = [torch.cat([t, p]).requires_grad_() for t, p in zip((q, k, v), pads)]
+    out, lse = pkg.attention(*leaves, return_lse=True, max_seqlen_q=max(lq), **seq)
+    tq, tk = sum(lq), sum(lk)
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+    dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+    junk = [torch.full_like(t, float("nan")) for t in leaves]  # poison the gradient allocations
+    del junk
+    grads = torch.autograd.grad([out, lse], leaves, [dout, dlse])
+    torch.cuda.synchronize()
+    for g_name, g, n in zip(("dq", "dk", "dv"), grads, (tq, tk, tk)):
+        assert (g[n:] == 0).all(), f"{name}: {g_name} rows after the last sequence are not 0 (unchecked values)"
+    ref = attention_ref_grads(q, k, v, dout[:tq], dlse=dlse[:, :tq], packed=seq, **sem)
+    low = attention_ref_grads(q, k, v, dout[:tq], dlse=dlse[:, :tq], packed=seq, upcast=False, **sem)
+    for g_name, g, r, lo, n in zip(("dq", "dk", "dv"), grads, ref, low, (tq, tk, tk)):
+        err = (g[:n].float() - r).abs().max().item()
+        budget = grad_budget(r, lo, lo.dtype, softcap=bool(spec["softcap"]))
+        assert err <= budget, f"{name} (unchecked, padded): {g_name} max error {err:.3g} > budget {budget:.3g}"
+

@@ -4,6 +4,8 @@ memsets and copies, so a gap to flash-attn-4 can be placed before tuning the mai
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bwd_profile.py --cases 128:8192:n,128:2048:n
 --out $OUT/profile` (case = d:seqlen:causal y/n; batch 16384/seqlen, heads 2048/d as in bench_fwd.py).
+A seqlen written vLO-HI (e.g. 128:v128-1024:y) profiles a varlen backward instead: 16384 tokens packed from
+the sequence lengths tools/bench_varlen.py draws for that range, MHA, flash-attn-4's varlen function beside it.
 """
 
 import argparse
@@ -16,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fa4gen
 from bench_fwd import _bwd_spec, _fa4, _first, _warm_backward
+from bench_varlen import TOKENS, lengths
 
 ITERS = 10
 
@@ -39,6 +42,23 @@ def kernel_times(run, q, k, v) -> dict[str, float]:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
+def _spec(d: int, s: str, causal: bool) -> dict:
+    """The fa4gen backward spec of a case: bench_fwd.py's, or with a varlen seqlen (vLO-HI) bench_varlen.py's."""
+    if not s.startswith("v"):
+        return _bwd_spec(d, causal, False)
+    return dict(name=f"bench_varlen_bwd_d{d}_{'causal' if causal else 'full'}", targets=["sm90"], dtype="bf16",
+                head_dim=d, varlen=True, backward=True, allow_gqa=False, mask={"kind": "causal" if causal else "none"})
+
+
+def _fa4_varlen():
+    try:
+        from flash_attn.cute.interface import flash_attn_varlen_func
+    except Exception as err:  # noqa: BLE001
+        print(f"flash-attn-4 not importable: {err}")
+        return None
+    return flash_attn_varlen_func
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="128:8192:n,128:2048:n,256:8192:n")
@@ -46,23 +66,35 @@ def main():
     ap.add_argument("--prebuild", type=int, default=0, metavar="N",
                     help="first compile the cases' fa4gen kernels in N processes (tools/prebuild.py)")
     args = ap.parse_args()
-    cases = [(int(d), int(s), c == "y") for d, s, c in (case.split(":") for case in args.cases.split(","))]
+    cases = [(int(d), s, c == "y") for d, s, c in (case.split(":") for case in args.cases.split(","))]
     if args.prebuild:
         from prebuild import prebuild
 
-        prebuild([_bwd_spec(d, causal, False) for d, _, causal in cases], args.prebuild)
+        prebuild([_spec(d, s, causal) for d, s, causal in cases], args.prebuild)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     fa4 = _fa4()
     result = []
     for d, s, causal in cases:
-        b, h = 16384 // s, 2048 // d
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        pkg = fa4gen.build(_bwd_spec(d, causal, False))
-        _warm_backward(pkg, d)
-        impls = {"fa4gen": pkg.attention}
-        if fa4 is not None:
-            impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
+        pkg = fa4gen.build(_spec(d, s, causal))
+        h = 2048 // d
+        if s.startswith("v"):
+            lo, hi = (int(x) for x in s[1:].split("-"))
+            lens = lengths(d + int(causal), lo, hi)  # the draw bench_varlen.py makes for this row
+            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+            q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+            impls = {"fa4gen": lambda q, k, v: pkg.attention(q, k, v, **kw)}
+            fa4v = _fa4_varlen()
+            if fa4v is not None:
+                impls["fa4"] = lambda q, k, v: _first(fa4v(q, k, v, causal=causal, **kw))
+        else:
+            q, k, v = (torch.randn(16384 // int(s), int(s), h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            impls = {"fa4gen": pkg.attention}
+            if fa4 is not None:
+                impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
+        if not s.startswith("v"):
+            _warm_backward(pkg, d)  # (varlen: kernel_times' first backwards load the kernels, unprofiled)
         row = {"d": d, "seqlen": s, "causal": causal}
         for name, run in impls.items():
             row[name] = kernel_times(run, q, k, v)

@@ -213,7 +213,12 @@ class ConvertChunks:
     bank conflicts), which then leaves with 128-bit row-contiguous stores (`staged`). Head dims whose
     16-byte row vectors do not tile 256 threads evenly (e.g. 80) store element by element instead.
     `mSem` (the deterministic hand-off's per-tile turn counters, the non-deterministic one's per-tile claim
-    flags, or None): tiles whose counter is 0 were never written (no key block reaches them) and give dQ = 0."""
+    flags, or None): tiles whose counter is 0 were never written (no key block reaches them) and give dQ = 0.
+    Varlen: the grid's tiles past the last sequence (there is always at least one: the grid is an upper
+    bound) zero dQ's rows after the last sequence, which no tile owns, and with `mdK` / `mdV` / `mCuK` (the
+    MHA backward's gradients, which the main kernel writes sequence by sequence) dK's and dV's rows after
+    the last key sequence: a packed tensor may end in rows no sequence covers (the padding of static
+    shapes), and their gradient is 0, with no fill of the whole tensor before the launch."""
 
     def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
         self.dtype = dtype
@@ -228,19 +233,21 @@ class ConvertChunks:
 
     @cute.jit
     def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor],
-                 mSem: Optional[cute.Tensor], stream):
+                 mSem: Optional[cute.Tensor], stream, mdK: Optional[cute.Tensor] = None,
+                 mdV: Optional[cute.Tensor] = None, mCuK: Optional[cute.Tensor] = None):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.dq_n)
         )
         tiles = mAcc.shape[2] // (self.tile_m * self.head_dim)
         smem = self.tile_m * self.row_pitch * (self.dtype.width // 8) if cutlass.const_expr(self.staged) else 0
-        self.kernel(mAcc, mdQ, mCuQ, mSem, tiled_mma, scale).launch(
+        self.kernel(mAcc, mdQ, mCuQ, mSem, tiled_mma, scale, mdK, mdV, mCuK).launch(
             grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], smem=smem, stream=stream
         )
 
     @cute.kernel
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: Optional[cute.Tensor], mSem: Optional[cute.Tensor],
-               tiled_mma: cute.TiledMma, scale: Float32):
+               tiled_mma: cute.TiledMma, scale: Float32, mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor],
+               mCuK: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, batch = cute.arch.block_idx()
         w, t = tidx // CHUNK_THREADS, tidx % CHUNK_THREADS
@@ -248,8 +255,20 @@ class ConvertChunks:
         offset, seqlen, m_block = Int32(0), mdQ.shape[1], tile
         if cutlass.const_expr(self.varlen):
             total = mdQ.shape[1]
-            seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+            num_seqs = cute.size(mCuQ.shape[0]) - 1
+            seq, m_block = varlen.tile_of(mCuQ, num_seqs, total, tile, self.tile_m, False)
             offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
+            if m_block * self.tile_m >= seqlen:
+                # a tile past the last sequence (seq is the last one): spare tile j of `spares` zeroes the
+                # rows after the last sequence, tile_m rows at a time, striding by the spares
+                owned = varlen.tiles_before(mCuQ, num_seqs, total, self.tile_m)
+                j, spares = tile - owned, cute.arch.grid_dim()[0] - owned
+                zero_rows_after(mdQ[batch, None, head, None], offset + seqlen, j, spares, self.tile_m, tidx)
+                if cutlass.const_expr(mdK is not None):
+                    if head < mdK.shape[2]:
+                        k_start, k_len = varlen.sequence_bounds(mCuK, num_seqs - 1, mdK.shape[1])
+                        zero_rows_after(mdK[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
+                        zero_rows_after(mdV[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
         acc = mAcc[batch, head, None]
         # chunks start at multiples of 64 x DQ_N floats: re-typed as 16-byte aligned, so the reads are 128-bit
         start = acc.iterator + (tile * 2 + w) * chunk_size
@@ -281,6 +300,20 @@ class ConvertChunks:
                 row = m_block * self.tile_m + row
                 if row < seqlen:
                     mdQ[batch, offset + row, head, col] = (vals[i] * scale).to(mdQ.element_type)
+
+
+@cute.jit
+def zero_rows_after(mT: cute.Tensor, first: Int32, j: Int32, step: Int32, rows: cutlass.Constexpr[int], tidx):
+    """Zero the rows from `first` on of mT ((seqlen, width), unit column stride), `rows` at a time: this CTA's
+    2 * CHUNK_THREADS threads take blocks j, j + step, ... of them (one element per thread per store:
+    these are padding rows, rare and few)."""
+    width = cute.size(mT, mode=[1])
+    zero = Float32(0.0).to(mT.element_type)
+    for r0 in cutlass.range(first + j * rows, mT.shape[0], step * rows, unroll=1):
+        for e in cutlass.range(tidx, rows * width, 2 * CHUNK_THREADS, unroll=1):
+            r = r0 + e // width
+            if r < mT.shape[0]:
+                mT[r, e % width] = zero
 
 
 @cute.jit
