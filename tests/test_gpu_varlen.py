@@ -283,3 +283,28 @@ def test_varlen_backward_padding_rows_unchecked(name):
         budget = grad_budget(r, lo, lo.dtype, softcap=bool(spec["softcap"]))
         assert err <= budget, f"{name} (unchecked, padded): {g_name} max error {err:.3g} > budget {budget:.3g}"
 
+
+@pytest.mark.parametrize("name", ["vlb_bf16_d128_causal_gqa", "vlp_bf16_d128_none_mha_atomic_plain"])
+def test_varlen_unchecked_calls_make_no_device_sync(name):
+    """With max_seqlen_q given, the varlen forward and backward enqueue their work without synchronising with
+    the device, as flash_attn_varlen_func does: the backward used to write `c[0] = 0` into the launch's
+    sequence copies, a pageable host-to-device copy that PyTorch follows with a stream synchronisation, so
+    the GPU idled while the host enqueued the rest of every backward (session 23's profile showed the copy).
+    torch's sync debug mode raises on any synchronising call."""
+    pkg = _package(name)
+    spec = pkg._forward.spec
+    h, h_kv = (4, 4) if not spec["allow_gqa"] else HEADS
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    lq, lk = [300, 77, 129], [256, 90, 129]
+    q, k, v, seq = _packed_inputs(spec, lq, lk, None, h, h_kv, gen)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    dout = torch.randn(sum(lq), h, spec["head_dim_v"], device="cuda", dtype=q.dtype, generator=gen)
+    torch.autograd.grad(pkg.attention(*leaves, max_seqlen_q=max(lq), **seq), leaves, dout)  # loads the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grads = torch.autograd.grad(pkg.attention(*leaves, max_seqlen_q=max(lq), **seq), leaves, dout)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(not torch.isnan(g).any() for g in grads)
