@@ -597,8 +597,8 @@ class ForwardOp:
         # `Packed.backward_tensors`, so no row lies before or between them): their gradient is zero, not
         # whatever the allocator held, and the postprocess's spare tiles write those zeros (a fill of the
         # three gradients took 62 us of a 660 us d128 backward on the H200)
-        new = torch.zeros_like if packed is not None and packed.seqused_k is not None and not plan["dkv_accum"] \
-            else torch.empty_like
+        unused_keys = packed is not None and packed.seqused_k is not None and not plan["dkv_accum"]
+        new = torch.zeros_like if unused_keys else torch.empty_like
         dq = torch.empty_like(q, **contiguous)
         dk, dv = (new(t, **contiguous) for t in (k, v))
         grads = dq, dk, dv  # returned as allocated (the packed launch takes batch-1 views of them)
