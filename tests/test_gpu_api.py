@@ -92,3 +92,28 @@ def test_repeated_calls_replay_the_launch_with_new_data():
         assert (alone.float() - ref).abs().max().item() <= budget
     assert sum(key[0] == q.shape for key in op._calls) == 3
     assert op._lse_scratch[q.device.index].numel() >= lse.numel()
+
+
+def test_repeated_training_calls_make_no_device_sync():
+    """A repeated forward + backward (both with and without an LSE gradient) enqueues its work without
+    synchronising with the device, so the host can run ahead of the GPU: a synchronising call inside either
+    (a host read-back, a blocking host-to-device copy) leaves the GPU idle while the host enqueues the rest,
+    as session 23 found in the varlen backward. torch's sync debug mode raises on any synchronising call."""
+    import generated.llama3_8b as pkg
+
+    q, k, v = (t.requires_grad_() for t in _qkv(b=2, s=300, h=8, h_kv=2))
+    dout = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):  # the first calls load the kernels (and size the device's zero-dLSE buffer)
+        out, lse = pkg.attention(q, k, v)
+        torch.autograd.grad([out, lse], [q, k, v], [dout, torch.randn_like(lse)])
+        torch.autograd.grad(pkg.attention(q, k, v)[0], [q, k, v], dout)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out, lse = pkg.attention(q, k, v)
+        grads = torch.autograd.grad([out, lse], [q, k, v], [dout, torch.ones_like(lse)])
+        grads_no_lse = torch.autograd.grad(pkg.attention(q, k, v)[0], [q, k, v], dout)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(g).all() for g in grads + grads_no_lse)
