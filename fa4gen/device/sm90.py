@@ -166,8 +166,8 @@ def _write_chunk(write, flat: cute.Tensor, mine: cute.Pointer):
 @cute.jit
 def store_or_reduce_chunk(acc: cute.Tensor, chunk: cute.Pointer, t, store: Int32):
     """`reduce_chunk`, or with `store` nonzero (block-uniform: the first key block of a tile's order in
-    the deterministic backward, or the claim's winner) the same positions stored instead of added: one
-    branch around each form's run of 128-bit operations."""
+    the deterministic backward) the same positions stored instead of added: one branch around each form's
+    run of 128-bit operations."""
     flat, mine = _chunk_view(acc, chunk, t)
     if store != 0:
         _write_chunk(store_v4, flat, mine)

@@ -413,7 +413,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # vs flash-attn-4's 1049, the backward 0.86x of flash-attn-4 where the zeroing preprocess gave 0.98x;
     # H200, session 21). dQ from registers (atomic) keeps the zeroing preprocess: its claim, a claim warp
     # holding the consumers at each block's dQ writes, slowed the d256 main kernel by more than the
-    # preprocess saves (session 22; docs/patches)
+    # preprocess saves (sessions 22 and 23, two forms, both rejected: docs/PERF.md)
     claim = not spec.deterministic and not atomic
     if claim:
         notes.append(
