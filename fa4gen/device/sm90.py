@@ -305,15 +305,17 @@ class ConvertChunks:
 @cute.jit
 def zero_rows_after(mT: cute.Tensor, first: Int32, j: Int32, step: Int32, rows: cutlass.Constexpr[int], tidx):
     """Zero the rows from `first` on of mT ((seqlen, width), unit column stride), `rows` at a time: this CTA's
-    2 * CHUNK_THREADS threads take blocks j, j + step, ... of them (one element per thread per store:
-    these are padding rows, rare and few)."""
+    2 * CHUNK_THREADS threads take blocks j, j + step, ... of them, 16 bytes per thread per store (width a
+    multiple of 8; else an element each)."""
     width = cute.size(mT, mode=[1])
-    zero = Float32(0.0).to(mT.element_type)
+    vec = 8 if width % 8 == 0 else 1
+    zeros = cute.make_rmem_tensor((vec,), mT.element_type)
+    zeros.fill(0.0)
     for r0 in cutlass.range(first + j * rows, mT.shape[0], step * rows, unroll=1):
-        for e in cutlass.range(tidx, rows * width, 2 * CHUNK_THREADS, unroll=1):
-            r = r0 + e // width
+        for e in cutlass.range(tidx, rows * (width // vec), 2 * CHUNK_THREADS, unroll=1):
+            r = r0 + e // (width // vec)
             if r < mT.shape[0]:
-                mT[r, e % width] = zero
+                cute.autovec_copy(zeros, cute.local_tile(mT[r, None], (vec,), (e % (width // vec),)))
 
 
 @cute.jit
