@@ -96,12 +96,14 @@ def _dims(text: str) -> list[tuple[int, int]]:
     return dims
 
 
-def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0) -> dict:
+def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
+              tile_n="auto") -> dict:
     """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles)."""
     dv = dv or d
-    return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}",
+    return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
+                     f"{f'_n{tile_n}' if tile_n != 'auto' else ''}",
                 targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal" if causal else "none"},
-                softcap=softcap, pipeline={"tile_m": tile_m})
+                softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n})
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None,
@@ -194,7 +196,7 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
     def bwd(deterministic: bool) -> dict:
         return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
 
-    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap), bwd(False) if args.bwd else None,
+    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n), bwd(False) if args.bwd else None,
             bwd(True) if args.bwd and args.deterministic else None)
 
 
@@ -222,6 +224,8 @@ def main():
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
                     help="forward pipeline.tile_m of fa4gen's grid kernels (auto, 128 or 192)")
+    ap.add_argument("--tile-n", default="auto", type=lambda t: t if t == "auto" else int(t),
+                    help="forward pipeline.tile_n of fa4gen's grid kernels (auto or a multiple of 16 the plan accepts)")
     ap.add_argument("--bwd-stages", default=None,
                     help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
