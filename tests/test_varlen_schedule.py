@@ -1,7 +1,8 @@
 """The varlen forward's tile numbering (fa4gen/device/varlen.py: tile_of, mirrored line for line in
 fa4gen/emulate/tiling.py): over a grid of ceil(total / tile_m) + sequences tiles, every query tile
 (sequence, m_block < ceil(len / tile_m)) is produced exactly once, in sequence order, and every other
-grid tile maps past the end of a sequence (it computes and stores nothing)."""
+grid tile maps past the end of a sequence (it computes and stores nothing) and is numbered at or past
+the owned tile count that tile_of_owned returns (the kernels' CTAs there leave at once)."""
 
 import random
 
@@ -40,8 +41,12 @@ def test_every_query_tile_exactly_once(lengths, tile_m, descending):
     want = {(s, m) for s, n in enumerate(lengths) for m in range(-(-n // tile_m))}
     got, order = [], []
     for t in range(grid):
-        s, m = tiling.tile_of(cu, b, total, t, tile_m, descending)
+        s, m, owned = tiling.tile_of_owned(cu, b, total, t, tile_m, descending)
+        assert (s, m) == tiling.tile_of(cu, b, total, t, tile_m, descending)
         assert 0 <= s < b
+        # the kernels leave at once where t >= owned (varlen.leave_if_spare): exactly the tiles with no rows
+        assert owned == tiling.tiles_before(cu, b, total, tile_m) <= grid
+        assert (t >= owned) == (m * tile_m >= lengths[s]), (t, owned, s, m)
         if m * tile_m < lengths[s]:
             got.append((s, m))
             order.append(s)

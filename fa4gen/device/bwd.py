@@ -104,7 +104,9 @@ class PreprocessVarlen(Preprocess):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, _ = cute.arch.block_idx()
         total = mO.shape[1]
-        seq, m_block = varlen.tile_of(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+        seq, m_block, owned = varlen.tile_of_owned(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+        # a spare tile (past every sequence) has no rows: nobody reads its LSE2 / D rows or accumulator chunks
+        varlen.leave_if_spare(tile, owned)
         offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - tile * self.tile_m, self.tile_m)
         for p in cutlass.range_constexpr((self.tile_m + ROWS_PER_CTA - 1) // ROWS_PER_CTA):

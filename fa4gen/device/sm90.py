@@ -250,18 +250,17 @@ class ConvertChunks:
                mCuK: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, batch = cute.arch.block_idx()
-        w, t = tidx // CHUNK_THREADS, tidx % CHUNK_THREADS
-        chunk_size = 64 * self.dq_n
-        offset, seqlen, m_block = Int32(0), mdQ.shape[1], tile
         if cutlass.const_expr(self.varlen):
             total = mdQ.shape[1]
             num_seqs = cute.size(mCuQ.shape[0]) - 1
-            seq, m_block = varlen.tile_of(mCuQ, num_seqs, total, tile, self.tile_m, False)
+            seq, m_block, owned = varlen.tile_of_owned(mCuQ, num_seqs, total, tile, self.tile_m, False)
             offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
-            if m_block * self.tile_m >= seqlen:
+            if tile >= owned:
                 # a tile past the last sequence (seq is the last one): spare tile j of `spares` zeroes the
-                # rows after the last sequence, tile_m rows at a time, striding by the spares
-                owned = varlen.tiles_before(mCuQ, num_seqs, total, self.tile_m)
+                # rows after the last sequence, tile_m rows at a time, striding by the spares. It owns no dQ
+                # rows, so it reads nothing of the accumulator: the grid is an upper bound (a sequence's
+                # partial last tile costs it one tile), and 32 sequences of 512 tokens at tile_m 128 leave 32
+                # spare tiles per head beside 128 owned ones, whose chunk reads were 25% more DRAM traffic
                 j, spares = tile - owned, cute.arch.grid_dim()[0] - owned
                 zero_rows_after(mdQ[batch, None, head, None], offset + seqlen, j, spares, self.tile_m, tidx)
                 if cutlass.const_expr(mdK is not None):
@@ -269,6 +268,19 @@ class ConvertChunks:
                         k_start, k_len = varlen.sequence_bounds(mCuK, num_seqs - 1, mdK.shape[1])
                         zero_rows_after(mdK[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
                         zero_rows_after(mdV[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
+            else:
+                self.convert(mAcc, mdQ, mSem, tiled_mma, scale, tile, head, batch, offset, seqlen, m_block, tidx)
+        else:
+            self.convert(mAcc, mdQ, mSem, tiled_mma, scale, tile, head, batch, Int32(0), mdQ.shape[1], tile, tidx)
+
+    @cute.jit
+    def convert(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mSem: Optional[cute.Tensor], tiled_mma: cute.TiledMma,
+                scale: Float32, tile: Int32, head: Int32, batch: Int32, offset: Int32, seqlen: Int32, m_block: Int32,
+                tidx: Int32):
+        """Tile `tile`'s chunks of the accumulator to dQ rows offset + m_block * tile_m... of its sequence
+        (seqlen rows)."""
+        w, t = tidx // CHUNK_THREADS, tidx % CHUNK_THREADS
+        chunk_size = 64 * self.dq_n
         acc = mAcc[batch, head, None]
         # chunks start at multiples of 64 x DQ_N floats: re-typed as 16-byte aligned, so the reads are 128-bit
         start = acc.iterator + (tile * 2 + w) * chunk_size

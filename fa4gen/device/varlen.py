@@ -28,6 +28,8 @@ caller passes max_seqlen_q and takes responsibility, as flash_attn_varlen_func d
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+from cutlass._mlir.dialects import nvvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 SPAN = 2**30  # extent of the bounded row mode: a sequence's rows sit at [SPAN - length, SPAN)
 WRAP = 2**64 // SPAN  # SPAN * WRAP elements is 0 modulo 2^64 bytes, whatever the element size
@@ -90,6 +92,17 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
     ceil(total / tile_m) + num_seqs tiles covers every sequence with no per-sequence padding and no
     host read-back. With `descending`, a sequence's tiles come last block first (longest-first for
     causal / windowed masks). Tiles past the last sequence give (num_seqs - 1, a block past its end).
+    `tile_of_owned` also returns how many tiles the sequences own."""
+    seq, m_block, _ = tile_of_owned(cu_seqlens, num_seqs, total, tile, tile_m, descending)
+    return seq, m_block
+
+
+@cute.jit
+def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
+                  tile_m: cutlass.Constexpr[int], descending: cutlass.Constexpr[bool]):
+    """`tile_of` plus the number of tiles all sequences own (`tiles_before(num_seqs)`, which the scan
+    sums anyway): (seq, m_block, owned). Grid tiles from `owned` on are spare (the grid is an upper bound:
+    each sequence's partial last tile costs one of the num_seqs extra tiles), see `leave_if_spare`.
 
     Every warp scans the sequences 32 at a time: a lane's tile count, an inclusive warp prefix sum
     (shuffles), and a ballot for the first lane whose running total passes `tile`. Every thread
@@ -119,7 +132,24 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
                     local = cute.arch.shuffle_sync(count, first) - 1 - local
                 m_block = local
         base = base + cute.arch.shuffle_sync(incl, 31)
-    return seq, m_block
+    return seq, m_block, base
+
+
+@dsl_user_op
+def nvvm_exit(*, loc=None, ip=None):
+    """PTX `exit`: the issuing thread ends (LLVM's llvm.nvvm.exit)."""
+    nvvm.exit(loc=loc, ip=ip)
+
+
+@cute.jit
+def leave_if_spare(tile: Int32, owned: Int32):
+    """End the whole CTA when its linear tile is spare (`tile` >= `owned`, from `tile_of_owned`): it owns
+    no rows, so it has nothing to load, compute or store. Call it before any barrier or shared-memory
+    set-up, with a CTA-uniform tile (every thread leaves together, so no mbarrier waits on an arrival that
+    never comes). Spare CTAs otherwise ran the whole prologue and epilogue on an empty range: 32 sequences
+    of 512 tokens at tile 128 make 32 of every 160 tiles per head spare."""
+    if tile >= owned:
+        nvvm_exit()
 
 
 @cute.jit

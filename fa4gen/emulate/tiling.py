@@ -210,8 +210,15 @@ def sequence_bounds(cu_seqlens: list[int], seq: int, total: int) -> tuple[int, i
 
 def tile_of(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m: int,
             descending: bool) -> tuple[int, int]:
-    """(sequence, m_block) of linear query tile `tile` (fa4gen/device/varlen.py: tile_of), with the
-    kernel's 32-lane chunks, warp prefix sums and first-lane ballot spelled out."""
+    """(sequence, m_block) of linear query tile `tile` (fa4gen/device/varlen.py: tile_of)."""
+    seq, m_block, _ = tile_of_owned(cu_seqlens, num_seqs, total, tile, tile_m, descending)
+    return seq, m_block
+
+
+def tile_of_owned(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m: int,
+                  descending: bool) -> tuple[int, int, int]:
+    """(sequence, m_block, tiles the sequences own) of linear query tile `tile` (fa4gen/device/varlen.py:
+    tile_of_owned), with the kernel's 32-lane chunks, warp prefix sums and first-lane ballot spelled out."""
     seq, m_block, base = num_seqs - 1, tile, 0
     for j in range(0, num_seqs, 32):
         counts = [0] * 32
@@ -229,7 +236,7 @@ def tile_of(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m:
             seq = j + first
             m_block = counts[first] - 1 - local if descending else local
         base += incl[31]
-    return seq, m_block
+    return seq, m_block, base
 
 
 def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> int:

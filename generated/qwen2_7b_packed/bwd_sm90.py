@@ -243,9 +243,12 @@ class FlashBwdSm90:
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         # blockIdx.x numbers the key tiles of all sequences back to back
         key_tile = n_block  # unique per (sequence, key block): the GQA dK/dV semaphore's index
-        batch, n_block = varlen.tile_of(
+        batch, n_block, owned = varlen.tile_of_owned(
             mCuK, cute.size(mCuK.shape[0]) - 1, total_k, key_tile, TILE_N, False
         )
+        # a key tile past every sequence (the grid is an upper bound) owns no keys: no query block visits it, no
+        # turn or claim waits for it, it stores nothing, so the CTA leaves before any set-up
+        varlen.leave_if_spare(key_tile, owned)
         batch = cute.arch.make_warp_uniform(batch)
         n_block = cute.arch.make_warp_uniform(n_block)
         offset_q, seqlen_q, offset_k, seqlen_k = varlen.sequence(

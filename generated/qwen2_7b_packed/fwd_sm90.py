@@ -119,10 +119,13 @@ class FlashFwdSm90:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        # blockIdx.x numbers the query tiles of all sequences back to back (the grid covers them all)
-        batch, m_block = varlen.tile_of(
-            mCuQ, cute.size(mCuQ.shape[0]) - 1, total_q, m_block, TILE_M, True
+        # blockIdx.x numbers the query tiles of all sequences back to back (the grid covers them all; a CTA
+        # past them owns no rows and leaves before any set-up)
+        tile = m_block
+        batch, m_block, owned = varlen.tile_of_owned(
+            mCuQ, cute.size(mCuQ.shape[0]) - 1, total_q, tile, TILE_M, True
         )
+        varlen.leave_if_spare(tile, owned)
         batch = cute.arch.make_warp_uniform(batch)
         m_block = cute.arch.make_warp_uniform(m_block)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
