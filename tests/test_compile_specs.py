@@ -322,3 +322,27 @@ def _check_backward_sass(name, plan, r, s):
     # P = exp2(S * scale - LSE): (64 x tile_n) scores over 256 threads per query block and run
     assert s["mufu_ex2"] == runs * plan.tile_m * plan.tile_n // 256
     assert r.meta["registers"] * plan.threads <= REG_FILE
+
+
+def test_spare_varlen_ctas_leave_before_any_set_up(compiled, cache_root):
+    """A packed launch's grid is an upper bound (about one spare tile per sequence, 20% of the tiles at 32 x
+    512 tokens): the CTAs of spare tiles exit (`varlen.leave_if_spare`) right after the tile scan, before the
+    main kernels' TMA descriptor prefetch and mbarrier set-up and before the preprocess's O / dO loads. They
+    used to run the whole prologue and epilogue on an empty range (docs/PERF.md, session 24: the d64 32 x 512
+    backward's main kernel 461.7 -> 438.7 us on the H200)."""
+    from fa4gen.compile.cache import DiskCache
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    set_up = ("SYNCS", "UTMACCTL", "UTMALDG", "BAR", "STS", "LDS", "STG", "LDG.E.128", "HGMMA")
+    checked = 0
+    for name, (spec, plans, _, _) in compiled.items():
+        for plan in (p for p in plans if p.varlen):
+            text = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
+            for part in ("FlashFwd",) if plan.direction == "fwd" else ("FlashBwd", "PreprocessVarlen"):
+                ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9._]*)",
+                                 _function_sass(text, part), flags=re.M)
+                first_exit = ops.index("EXIT")
+                first_set_up = next(i for i, o in enumerate(ops) if o.startswith(set_up))
+                assert first_exit < first_set_up, (name, part, ops[: first_set_up + 1])
+                checked += 1
+    assert checked >= 3
