@@ -13,6 +13,10 @@ variant's, flash-attn-4's). For the per-instruction view add `--section SourceCo
 --csv --print-source sass > ncu.csv` and read it with `python3 tools/ncu_compare.py ncu.csv`.
 `--det` adds fa4gen's deterministic backward after the default one (`-c 3`: fa4gen's, its deterministic
 one's, flash-attn-4's; with --swap too, `-c 4`). `--fwd` runs one forward of each instead (profile with -k regex:'FlashFwdSm90|FlashAttentionForwardSm90').
+A seqlen written vLO-HI (e.g. `64 v512-512 n`) runs the varlen backward instead, on the packing
+tools/bwd_profile.py and tools/bench_varlen.py use (16384 tokens, MHA), with flash-attn-4's varlen function;
+`--dense` adds fa4gen's dense backward on the same tokens as batch 16384 / HI sequences of HI (meaningful
+when LO = HI), profiled second (`-c 3`: fa4gen varlen, fa4gen dense, flash-attn-4 varlen).
 """
 
 import sys
@@ -25,6 +29,8 @@ from bench_fwd import _bwd_spec, _fa4, _first, _fwd_spec
 
 def main():
     d, _, dv = sys.argv[1].partition("x")
+    if sys.argv[2].startswith("v"):
+        return varlen(int(d), sys.argv[2], sys.argv[3] == "y", "--dense" in sys.argv[4:])
     d, s, causal = int(d), int(sys.argv[2]), sys.argv[3] == "y"
     dv = int(dv) if dv else d
     fwd = "--fwd" in sys.argv[4:]  # forwards only: fa4gen's forward kernel, then flash-attn-4's
@@ -51,6 +57,36 @@ def main():
         runs.append(lambda q, k, v: _first(fa4(q, k, v, causal=causal)))
     for run in runs:
         out = run(q, k, v)
+        out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+
+
+
+def varlen(d: int, s: str, causal: bool, dense: bool):
+    """One backward of fa4gen's varlen kernels (and with `dense` its dense ones on the same tokens), then
+    flash-attn-4's varlen backward, on bwd_profile.py's packing for the case."""
+    from bench_varlen import TOKENS, lengths
+    from bwd_profile import _fa4_varlen, _spec
+
+    lo, hi = (int(x) for x in s[1:].split("-"))
+    if dense and (lo != hi or TOKENS % hi):
+        raise SystemExit(f"--dense: needs equal sequences that tile the {TOKENS} tokens (vN-N), got {s}")
+    lens = lengths(d + int(causal), lo, hi)
+    h = 2048 // d
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    pkg = fa4gen.build(_spec(d, s, causal))
+    runs = [(lambda: pkg.attention(q, k, v, **kw))]
+    if dense:
+        qd, kd, vd = (t.detach().view(TOKENS // hi, hi, h, d).requires_grad_() for t in (q, k, v))
+        dense_attn = fa4gen.build(_spec(d, str(hi), causal)).attention
+        runs.append(lambda: dense_attn(qd, kd, vd))
+    fa4v = _fa4_varlen()
+    if fa4v is not None:
+        runs.append(lambda: _first(fa4v(q, k, v, causal=causal, **kw)))
+    for run in runs:
+        out = run()
         out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
 
