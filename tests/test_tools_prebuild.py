@@ -64,7 +64,7 @@ def test_bench_run_specs_are_the_rows_specs():
 
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="128,192x128", masks="none,causal", bwd=True, deterministic=True, bwd_swap_ab=False,
-                           softcap=0.0, gqa=4, tile_m="auto")
+                           softcap=0.0, gqa=4, tile_m="auto", tile_n="auto")
     specs = bench.run_specs(args)
     assert len(specs) == 2 * 2 * 3
     assert [s["name"] for s in specs[:3]] == ["bench_d128_full", "bench_bwd_d128_full_gqa", "bench_bwd_det_d128_full_gqa"]
