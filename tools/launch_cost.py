@@ -1,6 +1,7 @@
 """Compile and launch costs on the GPU machine (issue #3 targets): cold compile per variant, load
 from the disk cache in a fresh process, and host overhead per call (eager loop vs CUDA-graph replay
-of the same call, tiny shape so the kernel time is small and identical in both).
+of the same call, tiny shape so the kernel time is small and identical in both), and the host time of a
+tiny training step (forward + backward through autograd, dense and packed) next to flash-attn-4's.
 
 Run: `source tools/device_env.sh; python3 tools/launch_cost.py --out $OUT`.
 """
@@ -152,8 +153,52 @@ def main():
         res["host_us"]["flash_attn_4"] = host_us(lambda: flash_attn_func(q, q, q, causal=True))
     except Exception as err:  # noqa: BLE001
         res["flash_attn_4"] = f"unavailable: {type(err).__name__}: {err}"[:200]
+    (out / "launch_cost.json").write_text(json.dumps(res, indent=1))
+    try:  # (after the file is written: a failure here keeps the numbers above)
+        res["training_step"] = training_step()
+    except Exception as err:  # noqa: BLE001
+        res["training_step"] = f"failed: {type(err).__name__}: {err}"[:300]
     print(json.dumps(res, indent=1))
     (out / "launch_cost.json").write_text(json.dumps(res, indent=1))
+
+
+def training_step() -> dict:
+    """A tiny forward + backward through autograd, dense and packed (4 sequences of 32 tokens), against
+    flash-attn-4's: `host_us` is the host time of one step queued without a sync, `drained_us` the time per
+    step once the GPU has run them (the slower of host and GPU). Where host_us is the larger, steps this
+    small are host-bound; the packed backward's Python side is the larger part (the monotone sequence
+    copies, the zeroed workspaces)."""
+    import fa4gen
+
+    res = {}
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    dense = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
+    q, k, v = (torch.randn(1, 128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 128, 1, 128, **bf16)
+    packed = fa4gen.build(dict(SPEC, name="launch_cost_d128_varlen_bwd", varlen=True, backward=True))
+    qv, kv, vv = (torch.randn(128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
+    doutv = torch.randn(128, 1, 128, **bf16)
+    cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32, device="cuda")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=32)
+    steps = {
+        "fa4gen_dense": lambda: torch.autograd.grad(dense.attention(q, k, v), (q, k, v), dout),
+        "fa4gen_packed": lambda: torch.autograd.grad(packed.attention(qv, kv, vv, **kw), (qv, kv, vv), doutv),
+    }
+    try:
+        from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
+
+        def first(r):
+            return r[0] if isinstance(r, tuple) else r
+
+        steps["flash_attn_4_dense"] = lambda: torch.autograd.grad(
+            first(flash_attn_func(q, k, v, causal=True)), (q, k, v), dout)
+        steps["flash_attn_4_packed"] = lambda: torch.autograd.grad(
+            first(flash_attn_varlen_func(qv, kv, vv, causal=True, **kw)), (qv, kv, vv), doutv)
+    except Exception as err:  # noqa: BLE001
+        res["flash_attn_4"] = f"unavailable: {type(err).__name__}: {err}"[:200]
+    for name, step in steps.items():
+        res[name] = {"host_us": host_us(step, n=200), "drained_us": round(per_call_us(step, n=400), 2)}
+    return res
 
 
 if __name__ == "__main__":
