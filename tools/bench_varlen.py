@@ -35,6 +35,13 @@ def lengths(seed: int, lo: int, hi: int) -> list[int]:
     return out
 
 
+def packed_kwargs(lens: list[int]) -> dict:
+    """The sequence arguments of a packing with these lengths (q and k packed alike), as
+    flash_attn_varlen_func takes them and fa4gen's varlen API does."""
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    return dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
@@ -64,17 +71,15 @@ def main() -> None:
             for rng in args.ranges.split(","):
                 lo, hi = (int(x) for x in rng.split("-"))
                 lens = lengths(d + int(causal), lo, hi)
-                cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
                 q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 flops = sum(4 * h * s * s * d for s in lens) / (2 if causal else 1)
-                kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+                kw = packed_kwargs(lens)
                 res = dict(d=d, causal=causal, lengths=f"{lo}-{hi}", sequences=len(lens), max_seqlen=max(lens))
                 ours = pkg.attention(q, k, v, **kw)
                 res["fa4gen"] = round(flops / do_bench(lambda: pkg.attention(q, k, v, **kw), warmup=25, rep=100,
                                                        return_mode="median") * 1e-9, 1)
                 if flash_attn_varlen_func is not None:
-                    fa_kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens),
-                                 causal=causal)
+                    fa_kw = dict(kw, causal=causal)
                     theirs = _first(flash_attn_varlen_func(q, k, v, **fa_kw))
                     res["max_abs_diff_vs_fa4"] = (ours.float() - theirs.float()).abs().max().item()
                     res["fa4"] = round(flops / do_bench(lambda: flash_attn_varlen_func(q, k, v, **fa_kw), warmup=25,

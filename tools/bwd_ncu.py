@@ -65,7 +65,7 @@ def main():
 def varlen(d: int, s: str, causal: bool, dense: bool):
     """One backward of fa4gen's varlen kernels (and with `dense` its dense ones on the same tokens), then
     flash-attn-4's varlen backward, on bwd_profile.py's packing for the case."""
-    from bench_varlen import TOKENS, lengths
+    from bench_varlen import TOKENS, lengths, packed_kwargs
     from bwd_profile import _fa4_varlen, _spec
 
     lo, hi = (int(x) for x in s[1:].split("-"))
@@ -73,11 +73,10 @@ def varlen(d: int, s: str, causal: bool, dense: bool):
         raise SystemExit(f"--dense: needs equal sequences that tile the {TOKENS} tokens (vN-N), got {s}")
     lens = lengths(d + int(causal), lo, hi)
     h = 2048 // d
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    kw = packed_kwargs(lens)
     q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     pkg = fa4gen.build(_spec(d, s, causal))
-    runs = [(lambda: pkg.attention(q, k, v, **kw))]
+    runs = [lambda: pkg.attention(q, k, v, **kw)]
     if dense:
         qd, kd, vd = (t.detach().view(TOKENS // hi, hi, h, d).requires_grad_() for t in (q, k, v))
         dense_attn = fa4gen.build(_spec(d, str(hi), causal)).attention

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import fa4gen
 from bench_fwd import _bwd_spec, _fa4, _first, _warm_backward
-from bench_varlen import TOKENS, lengths
+from bench_varlen import TOKENS, lengths, packed_kwargs
 
 ITERS = 10
 
@@ -81,9 +81,8 @@ def main():
         if s.startswith("v"):
             lo, hi = (int(x) for x in s[1:].split("-"))
             lens = lengths(d + int(causal), lo, hi)  # the draw bench_varlen.py makes for this row
-            cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
             q, k, v = (torch.randn(TOKENS, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-            kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+            kw = packed_kwargs(lens)
             impls = {"fa4gen": lambda q, k, v: pkg.attention(q, k, v, **kw)}
             fa4v = _fa4_varlen()
             if fa4v is not None:
