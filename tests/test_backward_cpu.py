@@ -173,6 +173,12 @@ SPECS = {
 }
 
 
+# the dispatcher's thread-local key sets of plain eager code: a torch.library operator's implementation
+# (fa4gen/api/library.py, the torch.compile path) runs with autograd's keys excluded, where the stand-in
+# backward's reference (torch.autograd.grad) could not record a graph
+_EAGER_KEYS = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+
+
 class FakeKernels:
     """The compiled forward and backward, in Python on the CPU, asserting the calling convention."""
 
@@ -260,7 +266,9 @@ class FakeKernels:
                 assert not sem_dkv.any()
         sem = self._semantics(args, backward=True)
         torch.testing.assert_close(lse, attention_ref(q, k, v, **sem)[1].float(), msg="the forward's LSE")
-        for t, g in zip((dq, dk, dv), attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)):
+        with torch._C._ForceDispatchKeyGuard(*_EAGER_KEYS):
+            want = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
+        for t, g in zip((dq, dk, dv), want):
             t.copy_(g)
         self.calls.append(dict(sem=sem, dlse=dlse.clone(), dout=dout.clone()))
 

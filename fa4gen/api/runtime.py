@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from fa4gen.api import library
 from fa4gen.compile.cache import DiskCache
 from fa4gen.compile.generated import compile_generated
 from fa4gen.reference import check_cu_seqlens_values, check_seqused_values
@@ -292,6 +293,8 @@ class ForwardOp:
         self._arch_by_device: dict[int | None, str] = {}
         self._sm_count_by_device: dict[int | None, int] = {}
         self._lock = threading.Lock()
+        # what a call runs while torch.compile traces it (see fa4gen/api/library.py)
+        self._compiled = library.register(self)
 
     # -- compile / load -------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> str:
@@ -381,6 +384,11 @@ class ForwardOp:
     # -- call -----------------------------------------------------------------------------
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
+        if torch.compiler.is_compiling():  # traced by torch.compile: one opaque operator (fa4gen/api/library.py)
+            return self._compiled(self, q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
+                                  return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
+                                  cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
+                                  max_seqlen_k=max_seqlen_k)
         key = None
         if (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
                 and seqused_k is None and max_seqlen_k is None and self._pinned is None):
@@ -524,38 +532,93 @@ class ForwardOp:
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
         """Every check that needs no GPU, in argument order; returns (a plan of this package, the
         checked varlen arguments or None)."""
-        plan = next(iter(self.plans.values()), None)
-        if plan is None:
-            _fail(f"{self.name}: this package has no kernels ({self.unavailable})", RuntimeError)
+        plan = self.first_plan()
         dtype = getattr(torch, plan["torch_dtype"])
         packed_spec = bool(plan.get("varlen", False))
         check_tensor("q", q, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
         check_tensor("k", k, dtype=dtype, last_dim=plan["head_dim"], packed=packed_spec)
         check_tensor("v", v, dtype=dtype, last_dim=plan["head_dim_v"], packed=packed_spec)
         grad = needs_grad(q, k, v)
-        if grad and not self.bwd_plans:
+        if grad:
+            self.check_grad_allowed(q, k, v)
+        self.check_shapes(q, k, v, plan)
+        seqlens = (q.shape[0], k.shape[0]) if packed_spec else (q.shape[1], k.shape[1])
+        out_shape = (*q.shape[:-1], plan["head_dim_v"])
+        self._scale(softmax_scale, plan)
+        self._runtime_args(plan, 1.0, window, chunk_size, seqlens=seqlens)
+        self._check_return_lse(return_lse, plan)
+        if out is not None:
+            if grad:
+                refuse_out_with_grad()
+            self._check_out(out, out_shape, dtype, (("q", q), ("k", k), ("v", v)))
+        packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
+        return plan, packed
+
+    def first_plan(self) -> dict:
+        """A plan of this package (they agree on everything a call's checks read)."""
+        plan = next(iter(self.plans.values()), None)
+        if plan is None:
+            _fail(f"{self.name}: this package has no kernels ({self.unavailable})", RuntimeError)
+        return plan
+
+    def writes_lse(self) -> bool:
+        """Whether the forward kernels write an LSE (return_lse: true, or a backward that reads it)."""
+        return bool(self.first_plan()["write_lse"])
+
+    def check_grad_allowed(self, q, k, v) -> None:
+        """For a call that records autograd: refused when the package has no backward kernels."""
+        if not self.bwd_plans:
             name = next(n for n, t in (("q", q), ("k", k), ("v", v)) if t.requires_grad)
             _fail(
                 f"{self.name}: {name} requires grad but this spec has no backward (backward: false); "
                 "run under torch.no_grad() or build a spec with backward: true",
                 RuntimeError,
             )
-        self.check_shapes(q, k, v, plan)
-        seqlens = (q.shape[0], k.shape[0]) if packed_spec else (q.shape[1], k.shape[1])
-        out_shape = (*q.shape[:-1], plan["head_dim_v"])
-        self._scale(softmax_scale, plan)
-        self._runtime_args(plan, 1.0, window, chunk_size, seqlens=seqlens)
+
+    def _check_return_lse(self, return_lse, plan) -> None:
         if not isinstance(return_lse, bool):
             _fail(f"return_lse: expected True or False, got {return_lse!r}", TypeError)
         if return_lse and not plan["write_lse"]:
             _fail(f"return_lse: spec {self.name} was built without return_lse; set return_lse: true in the spec")
-        if out is not None:
-            if grad:
-                _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
-                      "drop out= or run under torch.no_grad()", RuntimeError)
-            self._check_out(out, out_shape, dtype, (("q", q), ("k", k), ("v", v)))
-        packed = Packed.check(self.name, packed_spec, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
-        return plan, packed
+
+    def check_call_types(self, *, softmax_scale, window, chunk_size, return_lse) -> None:
+        """The traced path's checks of the non-tensor arguments (fa4gen/api/library.py): their types, which
+        the operator's schema needs, and return_lse, which picks the result. Their values are checked by the
+        operator's fake implementation (`validate`, on the traced call's example values); under dynamic
+        shapes a number may be symbolic, so these messages name types, not values (the exception classes are
+        the eager checks')."""
+        if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))):
+            _fail(f"softmax_scale: expected a positive float, got {type(softmax_scale).__name__}", TypeError)
+        if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2 and all(
+                isinstance(w, int) and not isinstance(w, bool) for w in window)):
+            got = (tuple(type(w).__name__ for w in window) if isinstance(window, (tuple, list))
+                   else type(window).__name__)
+            _fail(f"window: expected (left, right) ints >= 0, or -1 for unbounded, got {got}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
+            _fail(f"chunk_size: expected an int in [1, 2**31), got {type(chunk_size).__name__}")
+        self._check_return_lse(return_lse, self.first_plan())
+
+    def check_out_like(self, out, result) -> None:
+        """out= of a traced call, which copies the result into it: a tensor of the result's shape and dtype."""
+        if not isinstance(out, torch.Tensor):
+            _fail(f"out: expected a torch.Tensor, got {type(out).__name__}", TypeError)
+        if out.shape != result.shape or out.dtype != result.dtype:
+            _fail(f"out: expected shape {tuple(result.shape)} and dtype {result.dtype}; got {tuple(out.shape)}, "
+                  f"{out.dtype}")
+
+    @staticmethod
+    def refuse_out_requiring_grad() -> None:
+        _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
+
+    def packed_for_backward(self, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k,
+                            max_seqlen_k) -> "Packed | None":
+        """The forward call's sequence arguments, checked and resolved again for a backward run from them
+        (the traced path's operator, which cannot carry a Packed across)."""
+        packed = Packed.check(self.name, bool(self.first_plan().get("varlen", False)), cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q, seqused_k, max_seqlen_k)
+        if packed is not None:
+            packed.resolve(q.shape[0], k.shape[0])
+        return packed
 
     # -- backward -------------------------------------------------------------------------
     def backward(self, q, k, v, out, dout, lse, dlse=None, *, softmax_scale=None, window=None, chunk_size=None,
@@ -719,7 +782,7 @@ class ForwardOp:
             # same bytes
             _fail(f"out: expected a tensor whose elements do not share memory, got strides {tuple(out.stride())}")
         if out.requires_grad:
-            _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
+            ForwardOp.refuse_out_requiring_grad()
         span = (out.data_ptr(), extent(out))
         for name, t in inputs:
             if overlaps(*span, t.data_ptr(), extent(t)):
@@ -774,6 +837,11 @@ class ForwardOp:
         elif chunk_size is not None:
             _fail(f"chunk_size: this spec's mask is {plan['mask_kind']!r}; chunk_size applies to chunked specs only")
         return args
+
+
+def refuse_out_with_grad() -> None:
+    _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
+          "drop out= or run under torch.no_grad()", RuntimeError)
 
 
 def clamp_window(left: int, right: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
