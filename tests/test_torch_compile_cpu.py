@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import fa4gen
-from fa4gen.api import library
+from fa4gen.api import library, runtime
 from fa4gen.reference import attention_ref_grads, attention_ref_varlen
 from test_backward_cpu import _EAGER_KEYS, SPECS, FakeKernels, _inputs
 
@@ -243,3 +243,49 @@ def test_compiled_varlen_training_step_equals_eager(build, monkeypatch, max_seql
     assert fake.calls[-1]["cu"] == ([0, 4, 5, 11],) * 2
     for name, g, w in zip(("loss", "out", "lse", "dq", "dk", "dv"), got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0, msg=name)
+
+
+def test_torch_export_keeps_the_operator(build, monkeypatch):
+    """torch.export (what AOTInductor and other deployment paths take) records the forward operator, and
+    the exported program computes the eager call's result."""
+    pkg = build(backward=False, **{k: v for k, v in SPECS["local"].items() if k != "deterministic"})
+    op = pkg._forward  # (FakeKernels.install needs a backward plan: the forward stand-in by hand)
+    monkeypatch.setattr(op, "_check_devices", lambda device, named: None)
+    monkeypatch.setattr(op, "arch_for", lambda device: "sm90")
+    monkeypatch.setattr(op, "_launch", lambda fn, device, args: fn(*args))
+    stand_in = FakeKernels.__new__(FakeKernels)
+    stand_in.op, stand_in.fwd_plan, stand_in.plan = op, op.plans["sm90"], op.plans["sm90"]
+    monkeypatch.setattr(op, "function", lambda plan: stand_in.forward)
+
+    class Block(torch.nn.Module):
+        def forward(self, q, k, v):
+            return pkg.attention(q, k, v, window=(2, 0)) * 2
+
+    q, k, v = (t.detach() for t in _inputs(pkg))
+    program = torch.export.export(Block(), (q, k, v))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert f"{library.namespace(op)}.fwd.default" in targets
+    torch.testing.assert_close(program.module()(q, k, v), Block()(q, k, v), rtol=0, atol=0)
+
+
+def test_a_refused_registration_falls_back_to_the_eager_path(build, monkeypatch):
+    """If torch.library refuses the operators, the package still imports and computes; torch.compile then
+    traces the eager path (a graph break at attention) and gets the same result."""
+
+    def refuse(op):
+        raise RuntimeError("no custom ops here")
+
+    warnings: list[str] = []
+    monkeypatch.setattr(library, "register", refuse)
+    monkeypatch.setattr(runtime.log, "warning", lambda fmt, *args: warnings.append(fmt % args))
+    pkg = build(backward=True, **dict(SPECS["causal"], name="fallback_probe"))
+    assert pkg._forward._compiled is None
+    assert warnings == ["fallback_probe: no torch.compile operators (RuntimeError: no custom ops here); compiled "
+                        "models break the graph at attention"]
+    FakeKernels(pkg._forward).install(monkeypatch)
+    step = _step(pkg, {})
+    q, k, v = _inputs(pkg)
+    want = _run(step, q, k, v)
+    got = _run(torch.compile(step, backend="aot_eager"), q, k, v)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -12,8 +12,6 @@ The namespace is per package directory (`fa4gen_<spec name>_<8 hex digits>`), re
 process; a package imported again (a fresh ForwardOp for the same directory) takes over the operators.
 """
 
-from __future__ import annotations
-
 import hashlib
 from typing import TYPE_CHECKING, Optional, Sequence
 
@@ -21,6 +19,9 @@ import torch
 
 if TYPE_CHECKING:  # (runtime imports this module: no cycle at run time)
     from fa4gen.api.runtime import ForwardOp
+
+# (no `from __future__ import annotations` here: torch.library infers the operators' schemas from these
+# functions' annotations, which must be real types)
 
 # namespace -> the ForwardOp its operators run (the latest one built for that package directory)
 _OWNERS: dict[str, "ForwardOp"] = {}

@@ -293,8 +293,14 @@ class ForwardOp:
         self._arch_by_device: dict[int | None, str] = {}
         self._sm_count_by_device: dict[int | None, int] = {}
         self._lock = threading.Lock()
-        # what a call runs while torch.compile traces it (see fa4gen/api/library.py)
-        self._compiled = library.register(self)
+        # what a call runs while torch.compile traces it (see fa4gen/api/library.py); without it (a torch
+        # whose torch.library refuses the operators) Dynamo traces the eager path and breaks the graph there
+        try:
+            self._compiled = library.register(self)
+        except Exception as exc:  # noqa: BLE001 - any failure only costs torch.compile its whole graph
+            log.warning("%s: no torch.compile operators (%s: %s); compiled models break the graph at attention",
+                        self.name, type(exc).__name__, exc)
+            self._compiled = None
 
     # -- compile / load -------------------------------------------------------------------
     def arch_for(self, device: torch.device) -> str:
@@ -384,7 +390,7 @@ class ForwardOp:
     # -- call -----------------------------------------------------------------------------
     def __call__(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, seqused_k=None, max_seqlen_k=None):
-        if torch.compiler.is_compiling():  # traced by torch.compile: one opaque operator (fa4gen/api/library.py)
+        if self._compiled is not None and torch.compiler.is_compiling():  # one opaque operator (api/library.py)
             return self._compiled(self, q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
                                   return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
                                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
