@@ -13,3 +13,17 @@ def build(spec, *, out_dir=None):
     from fa4gen.builder import build_module
 
     return build_module(spec, out_dir=out_dir)
+
+
+def flash_attn_func(q, k, v, **kwargs):
+    """flash_attn_func-style attention through a package fa4gen derives from the call (fa4gen/dropin.py)."""
+    from fa4gen.dropin import flash_attn_func as call
+
+    return call(q, k, v, **kwargs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, **kwargs):
+    """flash_attn_varlen_func-style attention over packed sequences (fa4gen/dropin.py)."""
+    from fa4gen.dropin import flash_attn_varlen_func as call
+
+    return call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
