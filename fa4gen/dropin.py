@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from fa4gen.api.runtime import CAPABILITY_TO_ARCH
+
 # spec name (which carries a digest of the spec) -> the imported package: one build per spec and process
 _PACKAGES: dict[str, Any] = {}
 _LOCK = threading.Lock()
 
-ARCH_BY_CAPABILITY = {(9, 0): "sm90", (10, 0): "sm100", (10, 3): "sm100"}
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -48,7 +49,7 @@ def _arch_of_device(device: torch.device) -> str:
     if device.type != "cuda":
         _fail(f"q: expected a CUDA tensor, got device {device}")
     cap = torch.cuda.get_device_capability(device)
-    arch = ARCH_BY_CAPABILITY.get(cap)
+    arch = CAPABILITY_TO_ARCH.get(cap)
     if arch is None:
         _fail(f"q: no fa4gen kernels for this GPU (compute capability {cap[0]}.{cap[1]}); fa4gen targets "
               "Hopper (sm90) and Blackwell (sm100)", RuntimeError)
@@ -70,6 +71,8 @@ def _window(causal, window_size) -> tuple[str, tuple[int, int] | None]:
         return ("causal", None) if left == -1 else ("sliding_window", (left, 0))
     if left == -1 and right == -1:
         return "none", None
+    if (left, right) == (-1, 0):  # flash-attn's other spelling of causal: the causal kernels
+        return "causal", None
     return "sliding_window", (left, right)
 
 

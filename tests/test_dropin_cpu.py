@@ -62,6 +62,7 @@ def _qkv(b=2, s_q=9, s_k=11, h=4, h_kv=2, d=32, d_v=None, dtype=torch.bfloat16, 
         ({"causal": True}, {"kind": "causal"}),
         ({"causal": True, "window_size": (5, -1)}, {"kind": "sliding_window", "left": 0, "right": 0}),
         ({"window_size": (-1, 3)}, {"kind": "sliding_window", "left": 0, "right": 0}),
+        ({"window_size": (-1, 0)}, {"kind": "causal"}),  # flash-attn's other spelling of causal
     ],
 )
 def test_spec_of_a_call(kw, mask):
@@ -95,6 +96,7 @@ def test_spec_follows_the_tensors_and_the_arch():
         ({"causal": True, "window_size": (4, 0)}, {"window": (4, 0)}),
         ({"window_size": (2, 3)}, {"window": (2, 3)}),
         ({"window_size": (-1, 1)}, {"window": (-1, 1)}),
+        ({"window_size": (-1, 0)}, {"causal": True}),
         ({"softmax_scale": 0.25, "softcap": 4.0}, {"softmax_scale": 0.25, "softcap": 4.0}),
     ],
 )
