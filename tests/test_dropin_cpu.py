@@ -10,11 +10,14 @@ import sys
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fa4gen
 from fa4gen import dropin
 from fa4gen.reference import attention_ref
 from fa4gen.spec import spec_from_dict
+from test_api_cpu import naive_attention
 from test_backward_cpu import FakeKernels
 from test_torch_compile_cpu import FakeVarlenKernels
 
@@ -190,3 +193,19 @@ def test_cpu_tensors_are_refused_before_any_build(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="q: expected a CUDA tensor, got device cpu"):
         fa4gen.flash_attn_func(*_qkv())
     assert not dropin._PACKAGES and not (tmp_path / "cache").exists()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(s_q=st.integers(1, 9), s_k=st.integers(1, 9), causal=st.booleans(), left=st.integers(-1, 6),
+       right=st.integers(-1, 6), seed=st.integers(0, 2**16))
+def test_mask_mapping_against_flash_attn_semantics(built, s_q, s_k, causal, left, right, seed):
+    """Any causal / window_size a flash-attn call may pass (right -1 or 0 with causal) against a naive loop
+    that applies flash-attn's definition directly (test_api_cpu.naive_attention: bottom-right aligned,
+    causal and the window both applied): the LSE pins the visible key set of every row (-inf where none)."""
+    if causal:
+        right = min(right, 0)
+    q, k, v = _qkv(b=1, s_q=s_q, s_k=s_k, h=2, h_kv=1, seed=seed)
+    out, lse = fa4gen.flash_attn_func(q, k, v, causal=causal, window_size=(left, right), return_lse=True)
+    window = None if (left, right) == (-1, -1) else (left, right)
+    _, want = naive_attention(q.double(), k.double(), v.double(), scale=32 ** -0.5, causal=causal, window=window)
+    torch.testing.assert_close(lse.double(), want, rtol=1e-5, atol=1e-5, equal_nan=False)
