@@ -168,6 +168,15 @@ def package_for(spec: dict):
     return _PACKAGES[key]
 
 
+def _check_grad(pkg, q, k, v) -> None:
+    """A call that records autograd needs backward kernels, which only the sm90 packages have."""
+    if not pkg._forward.bwd_plans and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                   or v.requires_grad):
+        _fail("q, k, v: a call that records autograd needs backward kernels, and fa4gen has them for Hopper "
+              "(sm90) only, not for this GPU; run the training step on Hopper, or this call under torch.no_grad()",
+              RuntimeError)
+
+
 def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     deterministic=False, return_lse=False, out=None, dropout_p=0.0, alibi_slopes=None,
                     return_attn_probs=False):
@@ -179,6 +188,7 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-
     desc = _describe(q, k, v, causal=causal, window_size=window_size, softcap=softcap, deterministic=deterministic,
                      varlen=False)
     pkg = _PACKAGES[_package_key(*desc)]
+    _check_grad(pkg, q, k, v)
     kind, window = _window(causal, window_size)
     kw = {"window": window} if kind == "sliding_window" else {}
     return pkg.attention(q, k, v, softmax_scale=softmax_scale, return_lse=return_lse, out=out, **kw)
@@ -197,6 +207,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     desc = _describe(q, k, v, causal=causal, window_size=window_size, softcap=softcap, deterministic=deterministic,
                      varlen=True)
     pkg = _PACKAGES[_package_key(*desc)]
+    _check_grad(pkg, q, k, v)
     kind, window = _window(causal, window_size)
     kw = {"window": window} if kind == "sliding_window" else {}
     return pkg.attention(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

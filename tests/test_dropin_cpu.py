@@ -209,3 +209,13 @@ def test_mask_mapping_against_flash_attn_semantics(built, s_q, s_k, causal, left
     window = None if (left, right) == (-1, -1) else (left, right)
     _, want = naive_attention(q.double(), k.double(), v.double(), scale=32 ** -0.5, causal=causal, window=window)
     torch.testing.assert_close(lse.double(), want, rtol=1e-5, atol=1e-5, equal_nan=False)
+
+
+def test_grad_on_a_gpu_without_backward_kernels_is_refused(built, monkeypatch):
+    monkeypatch.setattr(dropin, "_arch_of_device", lambda device: "sm100")
+    monkeypatch.setattr(dropin, "package_for", lambda spec: dropin._PACKAGES.setdefault(
+        spec["name"], fa4gen.build(dict(spec))))
+    q, k, v = _qkv(grad=True)
+    with pytest.raises(RuntimeError, match="needs backward kernels, and fa4gen has them for Hopper"):
+        fa4gen.flash_attn_func(q, k, v, causal=True)
+    assert [p._forward.spec["targets"] for p in dropin._PACKAGES.values()] == [["sm100"]]
