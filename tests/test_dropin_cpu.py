@@ -27,6 +27,7 @@ def built(tmp_path, monkeypatch):
     """The packages built in a test (spec name -> package), their kernels replaced by CPU stand-ins."""
     monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(dropin, "_PACKAGES", {})
+    monkeypatch.setattr(dropin, "_RESOLVED", {})
     monkeypatch.setattr(dropin, "_arch_of_device", lambda device: "sm90")
     real = dropin.package_for
     seen: dict = {}
@@ -190,6 +191,7 @@ def test_bad_tensors_are_named(built):
 def test_cpu_tensors_are_refused_before_any_build(tmp_path, monkeypatch):
     monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(dropin, "_PACKAGES", {})
+    monkeypatch.setattr(dropin, "_RESOLVED", {})
     with pytest.raises(ValueError, match="q: expected a CUDA tensor, got device cpu"):
         fa4gen.flash_attn_func(*_qkv())
     assert not dropin._PACKAGES and not (tmp_path / "cache").exists()
@@ -219,3 +221,20 @@ def test_grad_on_a_gpu_without_backward_kernels_is_refused(built, monkeypatch):
     with pytest.raises(RuntimeError, match="needs backward kernels, and fa4gen has them for Hopper"):
         fa4gen.flash_attn_func(q, k, v, causal=True)
     assert [p._forward.spec["targets"] for p in dropin._PACKAGES.values()] == [["sm100"]]
+
+
+def test_repeated_calls_skip_the_spec_but_not_the_checks(built, monkeypatch):
+    """The second call of a specialisation finds its package by a dict hit (no spec derivation, no hash);
+    an argument of another type (causal=1, a list window) is never taken for a cached one."""
+    q, k, v = _qkv()
+    first = fa4gen.flash_attn_func(q, k, v, causal=True, window_size=(3, -1))
+    describe = dropin._describe
+    monkeypatch.setattr(dropin, "_describe", lambda *a, **kw: pytest.fail("the spec was derived again"))
+    torch.testing.assert_close(fa4gen.flash_attn_func(q, k, v, causal=True, window_size=(3, -1)), first,
+                               rtol=0, atol=0)
+    monkeypatch.setattr(dropin, "_describe", describe)
+    with pytest.raises(TypeError, match="causal: expected True or False"):
+        fa4gen.flash_attn_func(q, k, v, causal=1, window_size=(3, -1))
+    torch.testing.assert_close(fa4gen.flash_attn_func(q, k, v, causal=True, window_size=[3, -1]), first,
+                               rtol=0, atol=0)
+    assert len(built) == 1
