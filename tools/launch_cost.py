@@ -145,6 +145,11 @@ def main():
         res["compiled_call_jit_linked"] = host_overhead(lambda: jit_fn(q, q, q, o, *lse, *args))
     else:
         res["compiled_call_jit_linked"] = f"skipped: {len(objs)} objects in the cache"
+    try:  # fa4gen's flash-attn-style entry point, the same call as flash-attn-4's below (fa4gen/dropin.py)
+        res["fa4gen_flash_attn_func"] = host_overhead(lambda: fa4gen.flash_attn_func(q, q, q, causal=True))
+        res["host_us"]["fa4gen_flash_attn_func"] = host_us(lambda: fa4gen.flash_attn_func(q, q, q, causal=True))
+    except Exception as err:  # noqa: BLE001
+        res["fa4gen_flash_attn_func"] = f"failed: {type(err).__name__}: {err}"[:200]
     try:
         from flash_attn.cute.interface import flash_attn_func
 
