@@ -27,3 +27,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     from fa4gen.dropin import flash_attn_varlen_func as call
 
     return call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **kwargs)
+
+
+def flash_attn_qkvpacked_func(qkv, **kwargs):
+    """flash_attn_qkvpacked_func-style attention on a (batch, seqlen, 3, heads, head_dim) tensor (fa4gen/dropin.py)."""
+    from fa4gen.dropin import flash_attn_qkvpacked_func as call
+
+    return call(qkv, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, **kwargs):
+    """flash_attn_kvpacked_func-style attention with kv (batch, seqlen_k, 2, kv_heads, head_dim) (fa4gen/dropin.py)."""
+    from fa4gen.dropin import flash_attn_kvpacked_func as call
+
+    return call(q, kv, **kwargs)

@@ -216,6 +216,27 @@ def flash_attn_func(q, k, v, *, softmax_scale=None, causal=False, window_size=(-
     return pkg.attention(q, k, v, softmax_scale=softmax_scale, return_lse=return_lse, out=out, **kw)
 
 
+def flash_attn_qkvpacked_func(qkv, **kwargs):
+    """flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, heads, head_dim), as a fused QKV projection writes
+    it; the three are strided views (no copy when their strides suit TMA), gradients flow back into qkv.
+    Keywords as flash_attn_func's."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        shape = tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__
+        _fail(f"qkv: expected a (batch, seqlen, 3, heads, head_dim) tensor, got {shape}")
+    q, k, v = qkv.unbind(2)
+    return flash_attn_func(q, k, v, **kwargs)
+
+
+def flash_attn_kvpacked_func(q, kv, **kwargs):
+    """flash_attn_kvpacked_func: q (batch, seqlen_q, heads, head_dim), kv (batch, seqlen_k, 2, kv_heads,
+    head_dim). Keywords as flash_attn_func's."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        shape = tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__
+        _fail(f"kv: expected a (batch, seqlen_k, 2, kv_heads, head_dim) tensor, got {shape}")
+    k, v = kv.unbind(2)
+    return flash_attn_func(q, k, v, **kwargs)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *,
                            seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            deterministic=False, return_lse=False, out=None, dropout_p=0.0, alibi_slopes=None,

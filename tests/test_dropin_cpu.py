@@ -238,3 +238,25 @@ def test_repeated_calls_skip_the_spec_but_not_the_checks(built, monkeypatch):
     torch.testing.assert_close(fa4gen.flash_attn_func(q, k, v, causal=True, window_size=[3, -1]), first,
                                rtol=0, atol=0)
     assert len(built) == 1
+
+
+def test_packed_qkv_and_kv(built):
+    """Views of a fused projection's output: the same result as separate tensors, and gradients flow back
+    into the packed tensor."""
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(2, 9, 3, 4, 32, generator=gen).bfloat16().requires_grad_()
+    q, k, v = (t.detach().clone().requires_grad_() for t in qkv.unbind(2))
+    got = fa4gen.flash_attn_qkvpacked_func(qkv, causal=True)
+    want = fa4gen.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    dout = torch.randn(got.shape, generator=gen).bfloat16()
+    got.backward(dout)
+    want.backward(dout)
+    torch.testing.assert_close(qkv.grad, torch.stack([q.grad, k.grad, v.grad], 2), rtol=0, atol=0)
+    kv = torch.stack([k, v], 2).detach()
+    torch.testing.assert_close(fa4gen.flash_attn_kvpacked_func(q.detach(), kv, causal=True), want.detach(),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"qkv: expected a \(batch, seqlen, 3, heads, head_dim\) tensor"):
+        fa4gen.flash_attn_qkvpacked_func(qkv[:, :, :2])
+    with pytest.raises(ValueError, match=r"kv: expected a \(batch, seqlen_k, 2, kv_heads, head_dim\) tensor"):
+        fa4gen.flash_attn_kvpacked_func(q, qkv)
