@@ -228,14 +228,16 @@ class FakeVarlenKernels(FakeKernels):
         self.calls.append(dict(sem=sem, cu=(cu_q.tolist(), cu_k.tolist())))
 
 
-@pytest.mark.parametrize("max_seqlen", [None, 6])
-def test_compiled_varlen_training_step_equals_eager(build, monkeypatch, max_seqlen):
+@pytest.mark.parametrize("max_seqlen, seqused", [(None, False), (6, False), (None, True)])
+def test_compiled_varlen_training_step_equals_eager(build, monkeypatch, max_seqlen, seqused):
     pkg = build(backward=True, **VARLEN)
     fake = FakeVarlenKernels(pkg._forward).install(monkeypatch)
     gen = torch.Generator().manual_seed(3)
     cu = torch.tensor([0, 4, 5, 11], dtype=torch.int32)
     q, k, v = (torch.randn(11, h, 32, generator=gen).to(torch.bfloat16).requires_grad_() for h in (4, 2, 2))
     kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+    if seqused:  # keys past seqused_k unused: their gradients are zero on both paths
+        kw["seqused_k"] = torch.tensor([3, 1, 4], dtype=torch.int32)
     step = _step(pkg, kw)
     want = _run(step, q, k, v)
     assert fake.calls[-1]["cu"] == ([0, 4, 5, 11],) * 2
