@@ -5,7 +5,7 @@ allocations (CPU ones here) — plus the stubbed launch's call. The GPU number (
 CUDA-graph replay) comes from tools/launch_cost.py on the H200; this one tracks the Python side
 between GPU sessions.
 
-Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b]`.
+Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b] [--dropin]`.
 """
 
 import argparse
@@ -19,14 +19,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", default="llama3_8b")
     ap.add_argument("--calls", type=int, default=20000)
+    ap.add_argument("--dropin", action="store_true",
+                    help="also time fa4gen.flash_attn_func on the same call (its own package, built into "
+                         "$FA4GEN_CACHE_DIR; masks none / causal) against that package's attention")
     args = ap.parse_args(argv)
     pkg = importlib.import_module(f"generated.{args.package}")
     op = pkg._forward
     plan = op.plans["sm90"]
-    op.arch_for = lambda device: "sm90"
-    op._check_devices = lambda device, named: None
-    op.function = lambda plan: (lambda *a: None)
-    op._launch = lambda fn, device, launch_args: fn(*launch_args)
+    _stub(op)
     dtype = getattr(torch, plan["torch_dtype"])
     h_kv = 8 if plan["allow_gqa"] else 32
     q = torch.randn(1, 128, 32, plan["head_dim"], dtype=dtype)
@@ -48,7 +48,40 @@ def main(argv=None) -> int:
                     pkg.attention(q, k, v)
                 per = (time.perf_counter() - t0) / args.calls
             print(f"{args.package}: {label}: {per * 1e6:.1f} us per call")
+        if args.dropin:
+            _time_dropin(q, k, v, plan, args.calls)
     return 0
+
+
+def _stub(op) -> None:
+    """The launch, the device checks and the arch lookup of a package's ForwardOp replaced (CPU tensors)."""
+    op.arch_for = lambda device: "sm90"
+    op._check_devices = lambda device, named: None
+    op.function = lambda plan: (lambda *a: None)
+    op._launch = lambda fn, device, launch_args: fn(*launch_args)
+
+
+def _time_dropin(q, k, v, plan, calls: int) -> None:
+    """fa4gen.flash_attn_func (fa4gen/dropin.py) against its package's own attention, repeated calls."""
+    import fa4gen
+    from fa4gen import dropin
+
+    if plan["mask_kind"] not in ("none", "causal"):
+        print(f"--dropin: mask {plan['mask_kind']!r} not timed (none / causal only)")
+        return
+    causal = plan["mask_kind"] == "causal"
+    dropin._arch_of_device = lambda device: "sm90"
+    spec = dropin.flash_attn_spec(q, k, v, causal=causal, arch="sm90")
+    own = dropin.package_for(spec)
+    _stub(own._forward)
+    for label, call in (("its package's attention", lambda: own.attention(q, k, v)),
+                        ("fa4gen.flash_attn_func", lambda: fa4gen.flash_attn_func(q, k, v, causal=causal))):
+        for _ in range(1000):
+            call()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        print(f"{spec['name']}: {label}: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
 
 
 if __name__ == "__main__":
