@@ -53,10 +53,8 @@ def built(tmp_path, monkeypatch):
 
 def _qkv(b=2, s_q=9, s_k=11, h=4, h_kv=2, d=32, d_v=None, dtype=torch.bfloat16, grad=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    mk = lambda hh, dd: torch.randn(b, s_q if hh == h else s_k, hh, dd, generator=gen).to(dtype)  # noqa: E731
-    q, k, v = mk(h, d), torch.randn(b, s_k, h_kv, d, generator=gen).to(dtype), torch.randn(
-        b, s_k, h_kv, d_v or d, generator=gen).to(dtype)
-    return tuple(t.requires_grad_(grad) for t in (q, k, v))
+    shapes = ((b, s_q, h, d), (b, s_k, h_kv, d), (b, s_k, h_kv, d_v or d))
+    return tuple(torch.randn(*s, generator=gen).to(dtype).requires_grad_(grad) for s in shapes)
 
 
 @pytest.mark.parametrize(

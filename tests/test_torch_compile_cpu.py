@@ -251,13 +251,8 @@ def test_torch_export_keeps_the_operator(build, monkeypatch):
     """torch.export (what AOTInductor and other deployment paths take) records the forward operator, and
     the exported program computes the eager call's result."""
     pkg = build(backward=False, **{k: v for k, v in SPECS["local"].items() if k != "deterministic"})
-    op = pkg._forward  # (FakeKernels.install needs a backward plan: the forward stand-in by hand)
-    monkeypatch.setattr(op, "_check_devices", lambda device, named: None)
-    monkeypatch.setattr(op, "arch_for", lambda device: "sm90")
-    monkeypatch.setattr(op, "_launch", lambda fn, device, args: fn(*args))
-    stand_in = FakeKernels.__new__(FakeKernels)
-    stand_in.op, stand_in.fwd_plan, stand_in.plan = op, op.plans["sm90"], op.plans["sm90"]
-    monkeypatch.setattr(op, "function", lambda plan: stand_in.forward)
+    op = pkg._forward
+    FakeKernels(op).install(monkeypatch)
 
     class Block(torch.nn.Module):
         def forward(self, q, k, v):

@@ -41,12 +41,7 @@ def main(argv=None) -> int:
                     pkg.attention(q, k, v)
                 per = (time.perf_counter() - t0) / (args.calls // 10)
             else:
-                for _ in range(1000):
-                    pkg.attention(q, k, v)
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    pkg.attention(q, k, v)
-                per = (time.perf_counter() - t0) / args.calls
+                per = _per_call(lambda: pkg.attention(q, k, v), args.calls)
             print(f"{args.package}: {label}: {per * 1e6:.1f} us per call")
         if args.dropin:
             _time_dropin(q, k, v, plan, args.calls)
@@ -76,12 +71,17 @@ def _time_dropin(q, k, v, plan, calls: int) -> None:
     _stub(own._forward)
     for label, call in (("its package's attention", lambda: own.attention(q, k, v)),
                         ("fa4gen.flash_attn_func", lambda: fa4gen.flash_attn_func(q, k, v, causal=causal))):
-        for _ in range(1000):
-            call()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        print(f"{spec['name']}: {label}: {(time.perf_counter() - t0) / calls * 1e6:.1f} us per call")
+        print(f"{spec['name']}: {label}: {_per_call(call, calls) * 1e6:.1f} us per call")
+
+
+def _per_call(call, calls: int) -> float:
+    """Seconds per call of `call`, after 1000 warm-up calls."""
+    for _ in range(1000):
+        call()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - t0) / calls
 
 
 if __name__ == "__main__":

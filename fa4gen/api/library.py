@@ -158,7 +158,9 @@ class CompiledOps:
 
     def __call__(self, op: "ForwardOp", q, k, v, *, softmax_scale, window, chunk_size, return_lse, out,
                  cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k):
-        from fa4gen.api.runtime import needs_grad, refuse_out_with_grad  # (runtime imports this module)
+        from fa4gen.api.runtime import (  # (runtime imports this module)
+            needs_grad, refuse_out_requiring_grad, refuse_out_with_grad,
+        )
 
         op.check_call_types(softmax_scale=softmax_scale, window=window, chunk_size=chunk_size, return_lse=return_lse)
         grad = needs_grad(q, k, v)
@@ -168,7 +170,7 @@ class CompiledOps:
             refuse_out_with_grad()
         window = None if window is None else list(window)
         if out is not None and out.requires_grad:
-            op.refuse_out_requiring_grad()
+            refuse_out_requiring_grad()
         res, lse = self.fwd()(q, k, v, softmax_scale, window, chunk_size, cu_seqlens_q, cu_seqlens_k, seqused_k,
                               max_seqlen_q, max_seqlen_k, out)
         if out is not None:

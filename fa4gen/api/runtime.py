@@ -612,10 +612,6 @@ class ForwardOp:
             _fail(f"out: expected shape {tuple(result.shape)} and dtype {result.dtype}; got {tuple(out.shape)}, "
                   f"{out.dtype}")
 
-    @staticmethod
-    def refuse_out_requiring_grad() -> None:
-        _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
-
     def packed_for_backward(self, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k,
                             max_seqlen_k) -> "Packed | None":
         """The forward call's sequence arguments, checked and resolved again for a backward run from them
@@ -788,7 +784,7 @@ class ForwardOp:
             # same bytes
             _fail(f"out: expected a tensor whose elements do not share memory, got strides {tuple(out.stride())}")
         if out.requires_grad:
-            ForwardOp.refuse_out_requiring_grad()
+            refuse_out_requiring_grad()
         span = (out.data_ptr(), extent(out))
         for name, t in inputs:
             if overlaps(*span, t.data_ptr(), extent(t)):
@@ -848,6 +844,10 @@ class ForwardOp:
 def refuse_out_with_grad() -> None:
     _fail("out: out= does not support autograd (q, k or v requires grad), as for torch functions; "
           "drop out= or run under torch.no_grad()", RuntimeError)
+
+
+def refuse_out_requiring_grad() -> None:
+    _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
 
 
 def clamp_window(left: int, right: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
