@@ -53,6 +53,8 @@ def test_every_query_tile_exactly_once(lengths, tile_m, descending):
     assert sorted(got) == sorted(want) and len(got) == len(want)
     for s in range(b):  # the packed tile of (s, m) - the deterministic backward's semaphore index - is unique
         assert tiling.tiles_before(cu, s, total, tile_m) == sum(-(-n // tile_m) for n in lengths[:s])
+        # the backward's form (first 32 sequences loaded with the sequence's own bounds, then the loop)
+        assert tiling.first_tile_peeled(cu, s, total, tile_m) == tiling.tiles_before(cu, s, total, tile_m)
     assert len({tiling.tiles_before(cu, s, total, tile_m) + m for s, m in got}) == len(got)
     assert order == sorted(order)  # sequence by sequence, in launch order
     if descending:

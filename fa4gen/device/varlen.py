@@ -156,9 +156,16 @@ def leave_if_spare(tile: Int32, owned: Int32):
 def tiles_before(cu_seqlens: cute.Tensor, seq: Int32, total: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
     """How many tiles of `tile_m` rows the sequences before `seq` own: sequence `seq`'s first tile
     number in `tile_of`'s numbering (a warp sum over 32 sequences per step; warp-uniform)."""
+    return _tiles_from(cu_seqlens, Int32(0), seq, total, tile_m)
+
+
+@cute.jit
+def _tiles_from(cu_seqlens: cute.Tensor, first: Int32, seq: Int32, total: Int32,
+                tile_m: cutlass.Constexpr[int]) -> Int32:
+    """The tiles of sequences first, first + 1, ..., seq - 1 (`tiles_before` from `first` on)."""
     lane = cute.arch.lane_idx()
     base = Int32(0)
-    for j in cutlass.range(0, seq, 32, unroll=1):
+    for j in cutlass.range(first, seq, 32, unroll=1):
         count = Int32(0)
         if j + lane < seq:
             _, length = sequence_bounds(cu_seqlens, j + lane, total)
@@ -167,3 +174,26 @@ def tiles_before(cu_seqlens: cute.Tensor, seq: Int32, total: Int32, tile_m: cutl
             count = count + cute.arch.shuffle_sync_bfly(count, 1 << step)
         base = base + count
     return base
+
+
+@cute.jit
+def sequence_and_first_tile(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, seqused_k: cute.Tensor,
+                            seq: Int32, total_q: Int32, total_k: Int32, use_seqused: Int32,
+                            tile_m: cutlass.Constexpr[int]):
+    """`sequence` and `tiles_before(cu_seqlens_q, seq, total_q, tile_m)` with their loads in one round trip:
+    (offset_q, seqlen_q, offset_k, seqlen_k, q_tile0). The first 32 sequences' query bounds (one per lane)
+    are loaded next to sequence `seq`'s own bounds, before either is used, so a packed backward CTA waits for
+    memory twice before its first load (tile_of's scan, then these) instead of three times; sequences from
+    32 on (batches of more than 32) take `tiles_before`'s loop after that."""
+    lane = cute.arch.lane_idx()
+    count = Int32(0)
+    if lane < seq:
+        _, length = sequence_bounds(cu_seqlens_q, lane, total_q)
+        count = (length + tile_m - 1) // tile_m
+    offset_q, seqlen_q, offset_k, seqlen_k = sequence(
+        cu_seqlens_q, cu_seqlens_k, seqused_k, seq, total_q, total_k, use_seqused
+    )
+    for step in cutlass.range_constexpr(5):
+        count = count + cute.arch.shuffle_sync_bfly(count, 1 << step)
+    q_tile0 = count + _tiles_from(cu_seqlens_q, Int32(32), seq, total_q, tile_m)
+    return offset_q, seqlen_q, offset_k, seqlen_k, q_tile0

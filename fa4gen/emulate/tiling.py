@@ -242,3 +242,18 @@ def tile_of_owned(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, t
 def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> int:
     """Sequence `seq`'s first tile number in tile_of's numbering (fa4gen/device/varlen.py)."""
     return sum((sequence_bounds(cu_seqlens, i, total)[1] + tile_m - 1) // tile_m for i in range(seq))
+
+
+def first_tile_peeled(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> int:
+    """Sequence `seq`'s first tile as fa4gen/device/varlen.py's `sequence_and_first_tile` sums it: lane l
+    loads sequence l's bounds (l < seq) next to the sequence's own, a butterfly warp sum, then
+    `tiles_before`'s loop from sequence 32 on."""
+    counts = [((sequence_bounds(cu_seqlens, lane, total)[1] + tile_m - 1) // tile_m) if lane < seq else 0
+              for lane in range(32)]
+    for step in range(5):  # butterfly: lane l adds lane l ^ 2^step
+        counts = [counts[lane] + counts[lane ^ (1 << step)] for lane in range(32)]
+    rest = 0
+    for j in range(32, seq, 32):
+        rest += sum((sequence_bounds(cu_seqlens, j + lane, total)[1] + tile_m - 1) // tile_m
+                    for lane in range(32) if j + lane < seq)
+    return counts[0] + rest

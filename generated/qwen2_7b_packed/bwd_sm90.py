@@ -251,12 +251,11 @@ class FlashBwdSm90:
         varlen.leave_if_spare(key_tile, owned)
         batch = cute.arch.make_warp_uniform(batch)
         n_block = cute.arch.make_warp_uniform(n_block)
-        offset_q, seqlen_q, offset_k, seqlen_k = varlen.sequence(
-            mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused
+        # the sequence's rows and its first query tile in the packed numbering (the dQ accumulator's chunks and
+        # the deterministic mode's semaphores are per packed query tile), their loads in one round trip
+        offset_q, seqlen_q, offset_k, seqlen_k, q_tile0 = varlen.sequence_and_first_tile(
+            mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused, TILE_M
         )
-        # this sequence's first query tile in the packed numbering: the dQ accumulator's chunks (and the
-        # deterministic mode's semaphores) are per packed query tile
-        q_tile0 = varlen.tiles_before(mCuQ, batch, total_q, TILE_M)
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mdO_s = varlen.sequence_rows(mdO, offset_q, seqlen_q, 0)[None, None, head]
         mdQacc_h = mdQacc[0, head, None]
