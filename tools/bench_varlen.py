@@ -8,7 +8,8 @@ are compared against each other (max abs difference) so a fast wrong kernel show
 
 --bwd adds the backward through autograd (out.backward(dout) alone, as tools/bench_fwd.py times it;
 bwd TFLOP/s = 2.5 × the forward FLOPs / time) of a `backward: true` varlen spec (MHA) next to
-flash-attn-4's varlen backward, with the largest gradient difference between the two; --bwd-swap-ab
+flash-attn-4's varlen backward, with the largest gradient difference between the two (`--repeats N`: N passes
+each, the median reported and every pass kept); --bwd-swap-ab
 builds that backward in the Sᵀ layout (head dims <= 128).
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.py --out $OUT`.
@@ -17,6 +18,7 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.
 import argparse
 import json
 import random
+import statistics
 from pathlib import Path
 
 import torch
@@ -48,9 +50,14 @@ def main() -> None:
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--ranges", default="128-1024,512-8192", help="comma-separated lo-hi sequence length ranges")
     ap.add_argument("--bwd", action="store_true", help="add backward columns")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="with --bwd: time each backward this many times (rotated order; the median is reported, "
+                         "every pass kept in the JSON as <impl>_bwd_passes)")
     ap.add_argument("--bwd-swap-ab", action="store_true",
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats: expected a positive count")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -89,10 +96,16 @@ def main() -> None:
                     impls = {"fa4gen": lambda q, k, v: pkg.attention(q, k, v, **kw)}
                     if flash_attn_varlen_func is not None:
                         impls["fa4"] = lambda q, k, v: _first(flash_attn_varlen_func(q, k, v, **fa_kw))
-                    grads = {}
-                    for impl, run in impls.items():
-                        ms, grads[impl] = bwd_time_ms(run, q, k, v)
-                        res[f"{impl}_bwd"] = round(2.5 * flops / (ms * 1e-3) / 1e12, 1)
+                    grads, passes = {}, {impl: [] for impl in impls}
+                    for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
+                        names = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
+                        for impl in names:
+                            ms, grads[impl] = bwd_time_ms(impls[impl], q, k, v)
+                            passes[impl].append(round(2.5 * flops / (ms * 1e-3) / 1e12, 1))
+                    for impl, tflops in passes.items():
+                        res[f"{impl}_bwd"] = statistics.median(tflops)
+                        if args.repeats > 1:
+                            res[f"{impl}_bwd_passes"] = tflops
                     if len(grads) == 2:
                         res["bwd_vs_fa4"] = round(res["fa4gen_bwd"] / res["fa4_bwd"], 3)
                         res["bwd_max_abs_diff_vs_fa4"] = max((a.float() - b.float()).abs().max().item()

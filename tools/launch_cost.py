@@ -20,6 +20,8 @@ import torch
 SPEC = dict(name="launch_cost_d128", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"})
 CHILD = """
 import sys, time, torch, fa4gen
+if {preimport!r}:
+    import cutlass  # flash-attn-4 imports it at `import flash_attn.cute`: its first call does not pay it
 t0 = time.perf_counter()
 import tvm_ffi  # part of a cache hit's load: without torch's DLPack C exchange API it loads or builds an addon
 print("IMPORT_TVM_FFI_S", time.perf_counter() - t0)
@@ -38,10 +40,27 @@ print("IMPORT_CUTLASS_S", time.perf_counter() - t0)
 """
 
 
-def first_call(cache_dir: str) -> dict:
+FA4_CHILD = """
+import time, torch
+t0 = time.perf_counter()
+from flash_attn.cute.interface import flash_attn_func
+print("IMPORT_S", time.perf_counter() - t0)
+q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+flash_attn_func(q, q, q, causal=True)
+torch.cuda.synchronize()
+print("FIRST_CALL_S", time.perf_counter() - t1)
+"""
+
+
+def first_call(cache_dir: str, preimport: bool = False) -> dict:
+    """A fresh process's first call of SPEC (a compile when `cache_dir` is empty, else a disk-cache load);
+    `preimport`: cutlass imported before the clock starts, as flash-attn-4's first call finds it."""
     env = dict(os.environ, FA4GEN_CACHE_DIR=cache_dir)
     env.pop("FA4GEN_QUIET", None)  # the log line carries the cache-load time apart from the first launch
-    r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC)], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC, preimport=preimport)], env=env,
+                       capture_output=True, text=True)
     vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
     if "FIRST_CALL_S" not in vals:
         raise RuntimeError(r.stderr[-3000:])
@@ -51,6 +70,17 @@ def first_call(cache_dir: str) -> dict:
             "import_cutlass_after_s": round(float(vals["IMPORT_CUTLASS_S"]), 3),
             "import_tvm_ffi_before_s": round(float(vals["IMPORT_TVM_FFI_S"]), 3),
             "torch_dlpack_c_api": bool(int(vals["DLPACK_C_API"])), "log": log}
+
+
+def fa4_first_call() -> dict | str:
+    """flash-attn-4's first call of the same causal d128 shape in a fresh process, its on-disk kernel cache
+    off (its default): the compile that #3's cold-compile target compares against, on the same machine."""
+    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0")
+    r = subprocess.run([sys.executable, "-c", FA4_CHILD], env=env, capture_output=True, text=True)
+    vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+    if "FIRST_CALL_S" not in vals:
+        return f"unavailable: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"[:300]
+    return {"first_call_s": round(float(vals["FIRST_CALL_S"]), 3), "import_s": round(float(vals["IMPORT_S"]), 3)}
 
 
 def _timed_calls_us(fn, n: int, drained: bool) -> float:
@@ -100,7 +130,10 @@ def main():
     out = Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     cache = tempfile.mkdtemp(prefix="fa4gen-cost-")
-    res = {"cold_process": first_call(cache), "cached_process": first_call(cache)}
+    res = {"cold_process": first_call(cache), "cached_process": first_call(cache),
+           # the compile alone, like for like with flash-attn-4's first call (both with cutlass imported)
+           "cold_process_cutlass_imported": first_call(tempfile.mkdtemp(prefix="fa4gen-cost-"), preimport=True),
+           "flash_attn_4_cold_process": fa4_first_call()}
     os.environ["FA4GEN_CACHE_DIR"] = cache
     import fa4gen
     from fa4gen.api.runtime import call_key
@@ -116,6 +149,7 @@ def main():
     lse = [torch.empty(lse_shape, dtype=torch.float32, device="cuda")] if lse_shape is not None else []
     res["compiled_call_only"] = host_overhead(lambda: fn(q, q, q, o, *lse, *args))
     res["api_minus_compiled_call_us"] = round(res["fa4gen"]["eager_us"] - res["compiled_call_only"]["eager_us"], 2)
+    objs = sorted(Path(cache).rglob("artifact.o"))  # this forward's object (before the backward package adds one)
     # a package with a backward (its forward always writes the LSE), called without grad: the LSE goes to
     # the package's scratch buffer, so out= calls allocate nothing
     pkg_bwd = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
@@ -134,7 +168,6 @@ def main():
         "launch_check": host_us(lambda: op._launch(lambda *a: None, dev, [])),
     }
     # the same kernel JIT-linked from its object (the path before the shared library): same call, same args
-    objs = sorted(Path(cache).rglob("artifact.o"))
     if len(objs) == 1:
         import cutlass.cute as cute
 
