@@ -622,6 +622,34 @@ def test_out_is_part_of_the_signature(build_pkg, monkeypatch):
     assert counts["launch"] == 3
 
 
+@pytest.mark.parametrize("layout", ["qkv_packed", "bhsd"])
+@pytest.mark.parametrize("d, dv", [(32, 32), (192, 128)])
+def test_a_replayed_call_allocates_a_fresh_contiguous_output(build_pkg, monkeypatch, d, dv, layout):
+    """A replayed call allocates out like q (empty_like, contiguous format) when they share shape and dtype,
+    else from the remembered shape: either way a fresh contiguous tensor of the output's shape, also for q, k, v
+    that are strided views (of one packed buffer, with gaps; or of BHSD tensors, dense but permuted, whose
+    strides a plain empty_like would copy)."""
+    pkg = build_pkg(name=f"bwd_replay_d{d}", dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal"},
+                    allow_gqa=False)
+    counts = _counting(FakeKernels(pkg._forward).install(monkeypatch), monkeypatch)
+    b, s, h = 2, 9, 4
+    gen = torch.Generator().manual_seed(1)
+    if layout == "qkv_packed":
+        qkv = torch.randn(b, s, 3, h, d, generator=gen).to(torch.bfloat16)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2, :, :dv]
+    else:
+        q, k = (torch.randn(b, h, s, d, generator=gen).to(torch.bfloat16).transpose(1, 2) for _ in range(2))
+        v = torch.randn(b, h, s, dv, generator=gen).to(torch.bfloat16).transpose(1, 2)
+    assert not q.is_contiguous() and q.shape == (b, s, h, d)
+    first = pkg.attention(q, k, v)
+    outs = [pkg.attention(q, k, v) for _ in range(2)]
+    assert counts == {"validate": 1, "launch": 3}
+    for out in outs:
+        assert out.shape == (b, s, h, dv) and out.dtype == torch.bfloat16 and out.is_contiguous()
+        assert out.data_ptr() != first.data_ptr() and torch.equal(out, first)
+    torch.testing.assert_close(first, attention_ref(q, k, v, causal=True)[0].to(q.dtype))
+
+
 def test_backward_refuses_a_dq_accumulator_past_32_bit_offsets():
     """The backward's dQ accumulator (per batch and head: query rows padded to whole tiles x head_dim
     fp32) is addressed with 32-bit offsets; a call that would overflow them is refused by name."""

@@ -5,7 +5,10 @@ allocations (CPU ones here) — plus the stubbed launch's call. The GPU number (
 CUDA-graph replay) comes from tools/launch_cost.py on the H200; this one tracks the Python side
 between GPU sessions.
 
-Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b] [--dropin]`.
+Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b] [--dropin] [--alloc-ab]`.
+--alloc-ab times the replay (`ForwardOp._replay`, launch stubbed) with the output made like q (`empty_like`,
+the API's path when out has q's shape and dtype) against made from its shape (`torch.empty`), alternated in
+one process: this CPU's run-to-run spread (up to 2x) hides a 1 us difference between separate runs.
 """
 
 import argparse
@@ -22,6 +25,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dropin", action="store_true",
                     help="also time fa4gen.flash_attn_func on the same call (its own package, built into "
                          "$FA4GEN_CACHE_DIR; masks none / causal) against that package's attention")
+    ap.add_argument("--alloc-ab", action="store_true",
+                    help="also time the replay with the output made like q against made from its shape")
     args = ap.parse_args(argv)
     pkg = importlib.import_module(f"generated.{args.package}")
     op = pkg._forward
@@ -45,7 +50,27 @@ def main(argv=None) -> int:
             print(f"{args.package}: {label}: {per * 1e6:.1f} us per call")
         if args.dropin:
             _time_dropin(q, k, v, plan, args.calls)
+        if args.alloc_ab:
+            _time_alloc(op, q, k, v, args.calls)
     return 0
+
+
+def _time_alloc(op, q, k, v, calls: int) -> None:
+    """ForwardOp._replay of the call above, its output made like q (the cached entry as the API keeps it when out
+    has q's shape and dtype) against made from its shape, alternated over 8 rounds; median per call."""
+    op._calls.clear()
+    op(q, k, v)
+    (hit,) = op._calls.values()
+    if hit[2] is not None:
+        print(f"--alloc-ab: this package's output is not shaped like q ({hit[2]}): nothing to compare")
+        return
+    sides = {"like q (empty_like)": hit, "from its shape (torch.empty)": hit[:2] + (tuple(q.shape),) + hit[3:]}
+    times = {name: [] for name in sides}
+    for r in range(8):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            times[name].append(_per_call(lambda h=sides[name]: op._replay(h, q, k, v), calls))
+    for name, ts in times.items():
+        print(f"replay, output {name}: {sorted(ts)[len(ts) // 2] * 1e6:.2f} us per call (median of 8)")
 
 
 def _stub(op) -> None:
