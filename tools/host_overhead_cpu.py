@@ -61,10 +61,10 @@ def _time_alloc(op, q, k, v, calls: int) -> None:
     op._calls.clear()
     op(q, k, v)
     (hit,) = op._calls.values()
-    if hit[2] is not None:
-        print(f"--alloc-ab: this package's output is not shaped like q ({hit[2]}): nothing to compare")
+    if hit.out_shape is not None:
+        print(f"--alloc-ab: this package's output is not shaped like q ({hit.out_shape}): nothing to compare")
         return
-    sides = {"like q (empty_like)": hit, "from its shape (torch.empty)": hit[:2] + (tuple(q.shape),) + hit[3:]}
+    sides = {"like q (empty_like)": hit, "from its shape (torch.empty)": hit._replace(out_shape=tuple(q.shape))}
     times = {name: [] for name in sides}
     for r in range(8):
         for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):

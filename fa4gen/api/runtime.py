@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -88,6 +88,18 @@ def needs_grad(q, k, v) -> bool:
 
 
 CALL_CACHE_SIZE = 256  # signatures kept per package (cleared when full)
+
+
+class CachedCall(NamedTuple):
+    """What a replayed call of one signature needs (ForwardOp._calls; tools/launch_cost.py reads it by name)."""
+
+    fn: Any  # the compiled kernel
+    args: list  # its run-time arguments after the tensors
+    out_shape: tuple | None  # None: out is made like q (its shape and dtype)
+    dtype: torch.dtype  # out's
+    lse_shape: tuple | None  # None: the kernel writes no LSE
+    lse: torch.Tensor | None  # the scratch LSE a call that does not return it writes into, else None
+    spans: tuple  # the extents of q, k, v and out (out= overlap checks)
 
 
 def _typed(x):
@@ -274,7 +286,7 @@ class ForwardOp:
         self._fwd_modules = {p["module"]: p for p in fwd}
         self._pinned: str | None = None
         # call_key -> what a launch of that signature needs (see _replay): calls repeat their shapes
-        self._calls: dict[tuple, tuple] = {}
+        self._calls: dict[tuple, CachedCall] = {}
         # per device index, the fp32 LSE that calls without grad and without return_lse write into (the
         # kernels always write one when the package has a backward): a call that needs more grows it to
         # at least twice its size, and the old one is kept, not freed — a buffer a kernel may still be
@@ -421,7 +433,7 @@ class ForwardOp:
                                         lse_scratch=not return_lse)
         return (out, lse) if return_lse else out
 
-    def _replay(self, hit: tuple, q, k, v, out=None):
+    def _replay(self, hit: CachedCall, q, k, v, out=None):
         """A call whose signature (call_key) passed every check before: allocate and launch, nothing else.
         None when a tensor's base address is not 16-byte aligned (the slow path copies an input and
         names a misaligned out)."""
@@ -533,8 +545,9 @@ class ForwardOp:
             if len(self._calls) >= CALL_CACHE_SIZE:
                 self._calls.clear()
             out_shape = None if out.shape == q.shape and out.dtype == q.dtype else tuple(out.shape)  # like q
-            self._calls[remember] = (fn, args, out_shape, out.dtype, None if lse is None else lse_shape,
-                                     lse if lse_scratch else None, (extent(q), extent(k), extent(v), extent(out)))
+            self._calls[remember] = CachedCall(fn, args, out_shape, out.dtype, None if lse is None else lse_shape,
+                                               lse if lse_scratch else None,
+                                               (extent(q), extent(k), extent(v), extent(out)))
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,

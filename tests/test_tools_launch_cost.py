@@ -1,0 +1,67 @@
+"""The measurement scripts under tools/ on the CPU: each one compiles, and the parts that read fa4gen's
+runtime state work against it (session 26 lost a GPU call to tools/launch_cost.py unpacking the call cache's
+entries by position after a field was added; it reads them by name now, checked here)."""
+
+import importlib
+import os
+import py_compile
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fa4gen
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in TOOLS.glob("*.py")))
+def test_every_tool_compiles(script, tmp_path):
+    py_compile.compile(str(TOOLS / script), cfile=str(tmp_path / "x.pyc"), doraise=True)
+
+
+@pytest.fixture
+def tools_path(monkeypatch, tmp_path):
+    """tools/ importable, packages built into a cache of the test's own; the modules it imported, and the
+    packages it built (their ops stubbed), are dropped afterwards."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name in ("launch_cost", "host_overhead_cpu") or name.startswith("fa4gen_pkg_"):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_launch_cost_reads_the_cached_launch(tools_path, backward):
+    """compiled_call gives what the replay launches: the kernel, its run-time arguments, the LSE shape (a
+    package with a backward always writes the LSE, into its scratch buffer when the call does not return it)."""
+    launch_cost = importlib.import_module("launch_cost")
+    from host_overhead_cpu import _stub
+
+    pkg = fa4gen.build(dict(launch_cost.SPEC, name=f"tools_cpu_{int(backward)}", backward=backward))
+    op = pkg._forward
+    _stub(op)
+    launched = []
+    op._launch = lambda fn, device, args: launched.append((fn, args))
+    q = torch.randn(1, 128, 1, 128, dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    with torch.no_grad():
+        pkg.attention(q, q, q, out=o)
+    fn, args, lse_shape = launch_cost.compiled_call(op, q, o)
+    (first_fn, first_args), = launched
+    n_tensors = 5 if backward else 4
+    assert fn is first_fn and args == first_args[n_tensors:]
+    assert lse_shape == ((1, 1, 128) if backward else None)
+
+
+def test_host_overhead_alloc_ab_runs():
+    """In a process of its own: the script stubs the launch of generated/'s committed package in place."""
+    root = TOOLS.parent
+    r = subprocess.run([sys.executable, str(TOOLS / "host_overhead_cpu.py"), "--calls", "50", "--alloc-ab"],
+                       cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "output like q (empty_like)" in r.stdout and "output from its shape (torch.empty)" in r.stdout
