@@ -165,13 +165,18 @@ def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     return ms, grads
 
 
+def rotation(names, rep: int) -> list:
+    """`names` in pass `rep`'s order: rotated by one per pass, so no implementation is always timed first."""
+    names = list(names)
+    return names[rep % len(names):] + names[:rep % len(names)]
+
+
 def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1) -> None:
     """Backward TFLOP/s of every implementation into `res` (the median over `repeats` passes, each in a
     rotated order), fa4gen's gradients checked against cuDNN's."""
     grads, times = {}, {name: [] for name in impls}
     for rep in range(repeats):
-        order = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
-        for name in order:
+        for name in rotation(impls, rep):
             try:
                 ms, grads[name] = bwd_time_ms(impls[name], q, k, v)
                 times[name].append(ms)
@@ -338,7 +343,7 @@ def main():
                     res["cudnn_ref_error"] = f"{type(err).__name__}: {err}"[:200]
                 times = {name: [] for name in impls}
                 for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
-                    for name in list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]:
+                    for name in rotation(impls, rep):
                         try:
                             times[name].append(bench_ms(impls[name]))
                         except Exception as err:  # noqa: BLE001

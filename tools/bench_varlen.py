@@ -25,7 +25,7 @@ import torch
 from triton.testing import do_bench
 
 import fa4gen
-from bench_fwd import _first, bwd_time_ms
+from bench_fwd import _first, bwd_time_ms, rotation
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -98,8 +98,7 @@ def main() -> None:
                         impls["fa4"] = lambda q, k, v: _first(flash_attn_varlen_func(q, k, v, **fa_kw))
                     grads, passes = {}, {impl: [] for impl in impls}
                     for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
-                        names = list(impls)[rep % len(impls):] + list(impls)[:rep % len(impls)]
-                        for impl in names:
+                        for impl in rotation(impls, rep):
                             ms, grads[impl] = bwd_time_ms(impls[impl], q, k, v)
                             passes[impl].append(round(2.5 * flops / (ms * 1e-3) / 1e12, 1))
                     for impl, tflops in passes.items():

@@ -54,6 +54,11 @@ print("FIRST_CALL_S", time.perf_counter() - t1)
 """
 
 
+def _child_values(stdout: str) -> dict:
+    """The `NAME number` lines a child process printed (CHILD, FA4_CHILD), as strings by name."""
+    return dict(ln.split() for ln in stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+
+
 def first_call(cache_dir: str, preimport: bool = False) -> dict:
     """A fresh process's first call of SPEC (a compile when `cache_dir` is empty, else a disk-cache load);
     `preimport`: cutlass imported before the clock starts, as flash-attn-4's first call finds it."""
@@ -61,7 +66,7 @@ def first_call(cache_dir: str, preimport: bool = False) -> dict:
     env.pop("FA4GEN_QUIET", None)  # the log line carries the cache-load time apart from the first launch
     r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC, preimport=preimport)], env=env,
                        capture_output=True, text=True)
-    vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+    vals = _child_values(r.stdout)
     if "FIRST_CALL_S" not in vals:
         raise RuntimeError(r.stderr[-3000:])
     log = [ln for ln in r.stderr.splitlines() if ln.startswith("fa4gen:")]
@@ -86,7 +91,7 @@ def fa4_first_call() -> dict | str:
     off (its default): the compile that #3's cold-compile target compares against, on the same machine."""
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0")
     r = subprocess.run([sys.executable, "-c", FA4_CHILD], env=env, capture_output=True, text=True)
-    vals = dict(ln.split() for ln in r.stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+    vals = _child_values(r.stdout)
     if "FIRST_CALL_S" not in vals:
         return f"unavailable: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"[:300]
     return {"first_call_s": round(float(vals["FIRST_CALL_S"]), 3), "import_s": round(float(vals["IMPORT_S"]), 3)}
