@@ -31,7 +31,7 @@ def tools_path(monkeypatch, tmp_path):
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if name in ("launch_cost", "host_overhead_cpu") or name.startswith("fa4gen_pkg_"):
+        if name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu") or name.startswith("fa4gen_pkg_"):
             del sys.modules[name]
 
 
@@ -65,3 +65,13 @@ def test_host_overhead_alloc_ab_runs():
                        cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "output like q (empty_like)" in r.stdout and "output from its shape (torch.empty)" in r.stdout
+
+
+def test_compile_time_cpu_names_the_missing_wheels(tools_path, tmp_path):
+    """tools/compile_time_cpu.py without flash-attn-4's wheels says which folder it looked in and what makes them,
+    instead of failing inside the child process."""
+    compile_time_cpu = importlib.import_module("compile_time_cpu")
+    with pytest.raises(SystemExit, match="flash_attn_4, quack_kernels and einops wheels in .*pack.sh --anchors"):
+        compile_time_cpu.unpack_fa4(tmp_path, tmp_path / "site")
+    with pytest.raises(SystemExit):
+        compile_time_cpu.main(["--rounds", "0"])

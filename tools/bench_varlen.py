@@ -10,7 +10,11 @@ are compared against each other (max abs difference) so a fast wrong kernel show
 bwd TFLOP/s = 2.5 × the forward FLOPs / time) of a `backward: true` varlen spec (MHA) next to
 flash-attn-4's varlen backward, with the largest gradient difference between the two (`--repeats N`: N passes
 each, the median reported and every pass kept); --bwd-swap-ab
-builds that backward in the Sᵀ layout (head dims <= 128).
+builds that backward in the Sᵀ layout (head dims <= 128). `--breakdown` adds, after each backward pass, where one
+backward call's time goes (`bwd_breakdown`): the GPU wall time per call between CUDA events, the summed kernel
+times per kernel name (torch.profiler), the host time per call and the SM clock, so a slow pass shows whether a
+kernel ran slower or the GPU waited between launches (session 27: the d128 causal varlen backward ran some passes
+at ~0.55x the others, in no fixed pass or process).
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.py --out $OUT`.
 """
@@ -44,6 +48,55 @@ def packed_kwargs(lens: list[int]) -> dict:
     return dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
 
 
+def kernel_totals(events, calls: int) -> dict:
+    """Microseconds per call by kernel name (its first 60 characters), from (name, total us) pairs of a
+    profile over `calls` calls, largest first."""
+    per = {}
+    for name, us in events:
+        per[name[:60]] = per.get(name[:60], 0.0) + us / calls
+    return {name: round(us, 1) for name, us in sorted(per.items(), key=lambda kv: -kv[1])}
+
+
+def bwd_breakdown(run, q, k, v, calls: int = 5) -> dict:
+    """Where one backward call of run(q, k, v) goes, over `calls` calls queued back to back (no L2 flush, no
+    sync between them): `gpu_wall_us`, the median GPU time per call between CUDA events around it;
+    `kernels_us`, the profiler's kernel time per call by name; `gaps_us`, the wall time not covered by a kernel
+    (the GPU waiting for the host, if large); `host_us`, the host time to queue one call; `sm_clock_mhz`, the
+    SM clock read after the calls (torch.cuda.clock_rate, needs pynvml; None without)."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = run(qg, kg, vg)
+    dout = torch.randn_like(out)
+    out.backward(dout, retain_graph=True)
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    host = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            qg.grad = kg.grad = vg.grad = None
+            t = time.perf_counter()
+            starts[i].record()
+            out.backward(dout, retain_graph=True)
+            ends[i].record()
+            host.append((time.perf_counter() - t) * 1e6)
+        torch.cuda.synchronize()
+    wall = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+    kernels = kernel_totals(((e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+                             for e in prof.key_averages()
+                             if (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) > 0),
+                            calls)
+    try:
+        clock = torch.cuda.clock_rate()
+    except Exception:  # noqa: BLE001 - pynvml missing
+        clock = None
+    return {"gpu_wall_us": round(wall, 1), "kernels_us": kernels, "gaps_us": round(wall - sum(kernels.values()), 1),
+            "host_us": round(statistics.median(host), 1), "sm_clock_mhz": clock}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench_out")
@@ -53,6 +106,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="with --bwd: time each backward this many times (rotated order; the median is reported, "
                          "every pass kept in the JSON as <impl>_bwd_passes)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="with --bwd: after each pass, one backward call's kernels, GPU wall, host time and SM clock "
+                         "(JSON: <impl>_bwd_breakdown, one entry per pass)")
     ap.add_argument("--bwd-swap-ab", action="store_true",
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     args = ap.parse_args()
@@ -101,6 +157,8 @@ def main() -> None:
                         for impl in rotation(impls, rep):
                             ms, grads[impl] = bwd_time_ms(impls[impl], q, k, v)
                             passes[impl].append(round(2.5 * flops / (ms * 1e-3) / 1e12, 1))
+                            if args.breakdown:
+                                res.setdefault(f"{impl}_bwd_breakdown", []).append(bwd_breakdown(impls[impl], q, k, v))
                     for impl, tflops in passes.items():
                         res[f"{impl}_bwd"] = statistics.median(tflops)
                         if args.repeats > 1:

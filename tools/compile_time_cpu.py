@@ -1,0 +1,151 @@
+"""Cold compile of one forward kernel, fa4gen against flash-attn-4, on the CPU (no GPU): #3's target
+"cold compile per variant no slower than flash-attn-4's first call", tracked between GPU sessions.
+
+Each round runs two fresh processes in alternating order (the CPU's run-to-run spread is large): fa4gen
+compiling the kernel its first call of a (1, 128, 1, 128) bf16 causal d128 call would (`--seqlen-q`: another
+length's kernel) (the spec of
+tools/launch_cost.py, into an empty disk cache), and flash-attn-4's `flash_attn_func` on the same shape under
+torch's FakeTensorMode (its CPU-only compile path: FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH sm_90a). Both have
+cutlass imported before the clock starts, as `import flash_attn.cute` does. Each child also reports where the
+time went: CuTe-DSL's tracing of the Python kernel into MLIR, the MLIR pipeline with code generation and
+ptxas (one native call), and, for fa4gen, writing the disk cache (object export, shared-library link).
+
+flash-attn-4 comes from its wheel (`--fa4-wheel`, default: the one `../shared/device/pack.sh --anchors` put
+under .device/anchors/, with quack and einops beside it), unpacked into a temporary folder; quack's autotuner
+module, which imports triton (not a dependency here) and which the forward does not use, is replaced by a
+stand-in in that child only.
+
+Run: `PYTHONPATH=. python tools/compile_time_cpu.py [--rounds 3] [--out FILE.json]`. The H200's number is
+`tools/launch_cost.py`'s (cold_process_cutlass_imported against flash_attn_4_cold_process).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = dict(name="compile_time_d128", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"})
+
+# timers around CuTe-DSL's tracing and its native compile (pass pipeline, code generation, ptxas)
+HOOK = """
+import functools, inspect, time
+from cutlass.base_dsl import compiler as _C, dsl as _D
+SPLIT = {}
+def _timed(owner, name, label):
+    f = getattr(owner, name)
+    @functools.wraps(f)
+    def w(*a, **k):
+        t = time.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            SPLIT[label] = SPLIT.get(label, 0.0) + time.perf_counter() - t
+    setattr(owner, name, w)
+_timed(next(c for _, c in inspect.getmembers(_C, inspect.isclass)
+            if "compile" in c.__dict__ and "PassManager" in inspect.getsource(c.__dict__["compile"])), "compile", "native_s")
+_timed(next(c for _, c in inspect.getmembers(_D, inspect.isclass) if "generate_original_ir" in c.__dict__),
+       "generate_original_ir", "trace_s")
+"""
+
+OURS = """
+import json, sys, time
+import torch, cutlass
+{hook}
+import fa4gen
+from fa4gen.compile import aot
+_timed(aot, "export_object", "cache_write_s")
+_timed(aot, "_cache_extras", "cache_write_s")
+pkg = fa4gen.build({spec!r})
+op = pkg._forward
+plan = op.forward_plan("sm90", {seqlen_q})
+t = time.perf_counter()
+op.function(plan)
+print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], **SPLIT)))
+"""
+
+FA4 = """
+import json, os, sys, time, types
+sys.path.insert(0, {site!r})
+stub = types.ModuleType("quack.autotuner")  # imports triton; flash-attn-4's forward does not autotune
+stub.autotune = lambda *a, **k: (lambda f: f)
+stub.AutotuneConfig = type("AutotuneConfig", (), {{"__init__": lambda self, *a, **k: None}})
+sys.modules["quack.autotuner"] = stub
+import torch, cutlass
+{hook}
+from flash_attn.cute.interface import flash_attn_func
+from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode(allow_non_fake_inputs=True):
+    q = torch.empty(1, 128, 1, 128, dtype=torch.bfloat16, device="cuda")
+    t = time.perf_counter()
+    flash_attn_func(q, q, q, causal=True)
+    print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
+"""
+
+
+def run_child(code: str, env: dict) -> dict:
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if r.returncode != 0 or line is None:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        raise SystemExit(f"child failed: {tail}")
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in json.loads(line[len("RESULT "):]).items()}
+
+
+def unpack_fa4(wheel_dir: Path, into: Path) -> Path:
+    """flash-attn-4, quack and einops unpacked from their wheels in wheel_dir (pure Python)."""
+    wheels = [next(wheel_dir.glob(f"{name}-*.whl"), None) for name in ("flash_attn_4", "quack_kernels", "einops")]
+    if None in wheels:
+        raise SystemExit(f"--fa4-wheel: expected flash_attn_4, quack_kernels and einops wheels in {wheel_dir} "
+                         "(../shared/device/pack.sh --anchors makes them)")
+    for whl in wheels:
+        with zipfile.ZipFile(whl) as z:
+            z.extractall(into)
+    return into
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fa4-wheel", type=Path, default=ROOT / ".device" / "anchors",
+                    help="folder with the flash_attn_4, quack_kernels and einops wheels")
+    ap.add_argument("--seqlen-q", type=int, default=128,
+                    help="fa4gen compiles the forward kernel a call of this many query rows runs (128: the persistent "
+                         "short-call kernel, as tools/launch_cost.py's first call; 8192: the one-CTA-per-tile kernel); "
+                         "flash-attn-4 always compiles its one kernel of the 128-row call")
+    ap.add_argument("--out", type=Path, help="also write the rounds and medians here (JSON)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds: expected a positive count")
+    rows = {"fa4gen": [], "flash_attn_4": []}
+    with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
+        site = unpack_fa4(args.fa4_wheel, Path(tmp) / "site")
+        base = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
+                    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", FA4GEN_QUIET="1",
+                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        for rnd in range(args.rounds):
+            order = ["fa4gen", "flash_attn_4"] if rnd % 2 == 0 else ["flash_attn_4", "fa4gen"]
+            for name in order:
+                if name == "fa4gen":
+                    env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"))  # empty: a compile
+                    rows[name].append(run_child(OURS.format(hook=HOOK, spec=SPEC, seqlen_q=args.seqlen_q), env))
+                else:
+                    rows[name].append(run_child(FA4.format(hook=HOOK, site=str(site)), base))
+                print(name, rows[name][-1], flush=True)
+    med = {name: {k: round(statistics.median(r[k] for r in rs if k in r), 3)
+                  for k in ("first_compile_s", "trace_s", "native_s", "cache_write_s") if any(k in r for r in rs)}
+           for name, rs in rows.items()}
+    ratio = round(med["fa4gen"]["first_compile_s"] / med["flash_attn_4"]["first_compile_s"], 3)
+    print(f"medians over {args.rounds} rounds: {json.dumps(med)}; fa4gen / flash-attn-4 first compile {ratio}")
+    if args.out:
+        args.out.write_text(json.dumps(dict(rounds=rows, medians=med, ratio=ratio), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
