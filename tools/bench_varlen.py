@@ -20,7 +20,9 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.
 """
 
 import argparse
+import cProfile
 import json
+import pstats
 import random
 import statistics
 from pathlib import Path
@@ -62,7 +64,9 @@ def bwd_breakdown(run, q, k, v, calls: int = 5) -> dict:
     sync between them): `gpu_wall_us`, the median GPU time per call between CUDA events around it;
     `kernels_us`, the profiler's kernel time per call by name; `gaps_us`, the wall time not covered by a kernel
     (the GPU waiting for the host, if large); `host_us`, the host time to queue one call; `sm_clock_mhz`, the
-    SM clock read after the calls (torch.cuda.clock_rate, needs pynvml; None without)."""
+    SM clock read after the calls (torch.cuda.clock_rate, needs pynvml; None without); `host_top_tottime`, the 15
+    Python functions with the most own time per call under cProfile (its overhead inflates them; compare them with
+    each other, not with host_us)."""
     import time
 
     from torch.profiler import ProfilerActivity, profile
@@ -84,6 +88,19 @@ def bwd_breakdown(run, q, k, v, calls: int = 5) -> dict:
             ends[i].record()
             host.append((time.perf_counter() - t) * 1e6)
         torch.cuda.synchronize()
+    # the host side by Python function (cProfile over the same number of calls, after the timed ones): where a
+    # host-bound backward spends its time
+    pr = cProfile.Profile()
+    for i in range(calls):
+        qg.grad = kg.grad = vg.grad = None
+        pr.enable()
+        out.backward(dout, retain_graph=True)
+        pr.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(pr).stats  # {(file, line, name): (calls, prim calls, tottime, cumtime, callers)}
+    host_top = [{"function": f"{Path(fn).name}:{line}({name})", "tottime_us": round(tt / calls * 1e6, 1),
+                 "cumtime_us": round(ct / calls * 1e6, 1), "calls": nc // calls}
+                for (fn, line, name), (nc, _, tt, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:15]]
     wall = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
     kernels = kernel_totals(((e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
                              for e in prof.key_averages()
@@ -94,7 +111,7 @@ def bwd_breakdown(run, q, k, v, calls: int = 5) -> dict:
     except Exception:  # noqa: BLE001 - pynvml missing
         clock = None
     return {"gpu_wall_us": round(wall, 1), "kernels_us": kernels, "gaps_us": round(wall - sum(kernels.values()), 1),
-            "host_us": round(statistics.median(host), 1), "sm_clock_mhz": clock}
+            "host_us": round(statistics.median(host), 1), "sm_clock_mhz": clock, "host_top_tottime": host_top}
 
 
 def main() -> None:
