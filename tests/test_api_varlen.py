@@ -139,6 +139,17 @@ def test_backward_takes_unchecked_sequences_as_monotone_copies():
     p = Packed.check("x", True, _i32(ok), _i32(ok), None, None)
     p.resolve(total, total)
     assert p.checked and p.backward_tensors(total, total)[0] is p.cu_q
+    # one tensor for both (self-attention over one packing): one monotone copy serves both, made from it
+    for values in bad + [ok]:
+        cu = _i32(values)
+        p = Packed.check("x", True, cu, cu, 1024, None)
+        cu_q, cu_k, used = p.backward_tensors(total, total)
+        assert cu_k is cu_q and used is cu_q
+        assert cu_q.tolist() == Packed.check("x", True, _i32(values), _i32(values), 1024, None).backward_tensors(
+            total, total)[1].tolist()
+        # different totals (cross-attention lengths) keep two copies, each clamped to its own total
+        cu_q, cu_k, _ = p.backward_tensors(total, 512)
+        assert cu_k is not cu_q and max(cu_k.tolist()) <= 512
 
 
 def test_postprocess_spare_tiles_zero_every_padding_row_once():
