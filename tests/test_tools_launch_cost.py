@@ -75,3 +75,19 @@ def test_compile_time_cpu_names_the_missing_wheels(tools_path, tmp_path):
         compile_time_cpu.unpack_fa4(tmp_path, tmp_path / "site")
     with pytest.raises(SystemExit):
         compile_time_cpu.main(["--rounds", "0"])
+
+
+@pytest.mark.parametrize("package", ["llama3_8b", "qwen2_7b_packed"])
+def test_host_overhead_cpu_times_the_backward_call(tools_path, package, capsys):
+    """tools/host_overhead_cpu.py --backward runs a committed package's backward call (dense, and packed with
+    unchecked sequences) with the launch stubbed, and prints its time and the functions with the most own time."""
+    host_overhead_cpu = importlib.import_module("host_overhead_cpu")
+    op = importlib.import_module(f"generated.{package}")._forward
+    try:
+        assert host_overhead_cpu.main(["--package", package, "--backward", "--calls", "20"]) == 0
+    finally:  # the committed package stays in sys.modules for later tests: its op unstubbed again
+        for name in ("arch_for", "_check_devices", "function", "_launch"):
+            op.__dict__.pop(name, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{package}: backward call: ") and ("packed" in lines[0]) == ("packed" in package)
+    assert any("runtime.py" in line and "(backward)" in line for line in lines[1:])

@@ -5,7 +5,10 @@ allocations (CPU ones here) — plus the stubbed launch's call. The GPU number (
 CUDA-graph replay) comes from tools/launch_cost.py on the H200; this one tracks the Python side
 between GPU sessions.
 
-Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b] [--dropin] [--alloc-ab]`.
+Run: `PYTHONPATH=. python tools/host_overhead_cpu.py [--calls N] [--package llama3_8b] [--dropin] [--alloc-ab]
+[--backward]`. --backward times the package's backward call instead (`ForwardOp.backward`, what autograd runs;
+launch stubbed, packed sequences for a varlen package, given max_seqlen so unchecked as in training) and lists
+the functions with the most own time: a short backward waits for all of it before its kernels start.
 --alloc-ab times the replay (`ForwardOp._replay`, launch stubbed) with the output made like q (`empty_like`,
 the API's path when out has q's shape and dtype) against made from its shape (`torch.empty`), alternated in
 one process: this CPU's run-to-run spread (up to 2x) hides a 1 us difference between separate runs.
@@ -27,11 +30,15 @@ def main(argv=None) -> int:
                          "$FA4GEN_CACHE_DIR; masks none / causal) against that package's attention")
     ap.add_argument("--alloc-ab", action="store_true",
                     help="also time the replay with the output made like q against made from its shape")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the package's backward call (stubbed launch) instead of its forward")
     args = ap.parse_args(argv)
     pkg = importlib.import_module(f"generated.{args.package}")
     op = pkg._forward
     plan = op.plans["sm90"]
     _stub(op)
+    if args.backward:
+        return _time_backward(op, plan, args.calls)
     dtype = getattr(torch, plan["torch_dtype"])
     h_kv = 8 if plan["allow_gqa"] else 32
     q = torch.randn(1, 128, 32, plan["head_dim"], dtype=dtype)
@@ -71,6 +78,51 @@ def _time_alloc(op, q, k, v, calls: int) -> None:
             times[name].append(_per_call(lambda h=sides[name]: op._replay(h, q, k, v), calls))
     for name, ts in times.items():
         print(f"replay, output {name}: {sorted(ts)[len(ts) // 2] * 1e6:.2f} us per call (median of 8)")
+
+
+def _time_backward(op, plan, calls: int) -> int:
+    """ForwardOp.backward of a tiny call (4 query heads, 2 key/value heads with GQA, 32 tokens; 4 packed sequences
+    of 8 for a varlen package: on the CPU the allocations' fills cost by size, on a GPU they are launches),
+    launch stubbed: microseconds per call, and the 12 functions with the most own time under cProfile (which
+    inflates them: compare them with each other)."""
+    import cProfile
+    import pstats
+
+    from fa4gen.api.runtime import Packed
+
+    if not op.bwd_plans:
+        print(f"--backward: package {op.name} has no backward")
+        return 2
+    dtype = getattr(torch, plan["torch_dtype"])
+    h, h_kv, d, dv = 4, 2 if plan["allow_gqa"] else 4, plan["head_dim"], plan["head_dim_v"]
+    packed = None
+    if plan.get("varlen", False):
+        lead, lse_shape = (32,), (h, 32)
+        cu = torch.tensor([0, 8, 16, 24, 32], dtype=torch.int32)
+        packed = Packed.check(op.name, True, cu, cu, 8, None)  # max_seqlen given: unchecked, as in training
+        packed.resolve(32, 32)
+    else:
+        lead, lse_shape = (1, 32), (1, h, 32)
+    q = torch.randn(*lead, h, d, dtype=dtype)
+    k = torch.randn(*lead, h_kv, d, dtype=dtype)
+    v = torch.randn(*lead, h_kv, dv, dtype=dtype)
+    out, dout = torch.randn(*lead, h, dv, dtype=dtype), torch.randn(*lead, h, dv, dtype=dtype)
+    lse = torch.randn(lse_shape)
+
+    def call():
+        op.backward(q, k, v, out, dout, lse, None, softmax_scale=d ** -0.5, packed=packed)
+
+    print(f"{op.name}: backward call: {_per_call(call, calls) * 1e6:.1f} us per call "
+          f"({'packed' if packed is not None else 'dense'}, launch stubbed)")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:12]
+    for (path, line, name), (n, _, own, _, _) in top:
+        print(f"  {own / calls * 1e6:7.2f} us own, {n // calls:3d}x  {path.rsplit('/', 1)[-1]}:{line}({name})")
+    return 0
 
 
 def _stub(op) -> None:
