@@ -121,3 +121,61 @@ def test_a_module_already_imported_under_the_name_is_not_what_compiles(tmp_path)
     assert counts(got) == counts(want) and got.meta["registers"] == want.meta["registers"]
     traced = [m for n, m in __import__("sys").modules.items() if n.startswith("stale_pkg_t.fwd_sm90__")]
     assert traced and all(getattr(m, "MASK", {}).get("causal") for m in traced)
+
+
+# --- the parse of each text is remembered across processes (a cache hit's time was mostly that parse) -------
+
+@pytest.fixture
+def fresh_memo(monkeypatch, tmp_path):
+    """An empty cache folder and no imports memo in this process (as a new process starts)."""
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gen, "_IMPORTS_MEMO", None)
+    monkeypatch.setattr(gen, "_IMPORTS_MEMO_DIRTY", False)
+    return tmp_path / "cache" / gen.IMPORTS_MEMO_FILE
+
+
+def _new_process(monkeypatch):
+    monkeypatch.setattr(gen, "_IMPORTS_MEMO", None)
+
+
+def test_imports_memo_serves_a_later_process_without_parsing(fresh_memo, monkeypatch):
+    source = (ROOT / "generated" / "llama3_8b" / "fwd_sm90.py").read_text()
+    first = gen.used_helper_sources(source)
+    assert fresh_memo.is_file()
+    _new_process(monkeypatch)
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed although the memo had the text")
+
+    monkeypatch.setattr(gen.ast, "parse", no_parse)
+    assert gen.used_helper_sources(source) == first
+    assert gen.kernel_cache_key(source, "sm_90a", gen.used_helper_sources(source)) == gen.kernel_cache_key(
+        source, "sm_90a", first)
+    # a text it has not seen is parsed (and the parse is what decides)
+    monkeypatch.undo()
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(fresh_memo.parent))
+    assert "polyexp.py" in gen.used_helper_sources("from fa4gen.device import (\n    polyexp,\n)\n# new text\n")
+
+
+@pytest.mark.parametrize("content", [
+    "not json",
+    '{"version": "0-py2.7", "imports": {}}',
+    '{"version": "%s", "imports": []}',
+    '{"version": "%s", "imports": {"%s": ["mask; import os"]}}',
+])
+def test_a_bad_or_foreign_memo_is_ignored(fresh_memo, monkeypatch, content):
+    """A memo of another version, or one that does not read as the format, never decides a key: the texts are
+    parsed again (an entry naming a non-identifier is dropped) and the file is rewritten."""
+    source = "from . import polyexp\n"
+    digest = gen.hashlib.sha256(source.encode()).hexdigest()
+    fresh_memo.parent.mkdir(parents=True)
+    fresh_memo.write_text(content.replace("%s", gen._IMPORTS_MEMO_VERSION, 1).replace("%s", digest))
+    assert set(gen.used_helper_sources(source)) == {"__init__.py", "polyexp.py"}
+    assert gen.json.loads(fresh_memo.read_text())["version"] == gen._IMPORTS_MEMO_VERSION
+
+
+def test_an_unwritable_cache_folder_only_costs_the_parse(fresh_memo, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(blocker / "cache"))  # under a file: cannot be created
+    assert "polyexp.py" in gen.used_helper_sources("import fa4gen.device.polyexp as p\n")

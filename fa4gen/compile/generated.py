@@ -5,13 +5,19 @@ compiling it needs no GPU. The cache key covers the module's text, the device he
 (transitively, as this process first read them), the installed CuTe-DSL/TVM-FFI versions, the arch,
 the compile options and the CuTe-DSL settings in the environment that change code. A miss compiles
 exactly the text the key hashed (a fresh module, never one already in sys.modules).
+
+Which helpers a text imports comes from parsing it, ~40 ms for a kernel and its helpers, which was most of a
+cache hit's time; the answer per text (by its SHA-256) is kept in `<cache dir>/helper_imports.json`, so a
+process parses only texts no earlier process has seen.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.util
+import json
 import linecache
 import os
 import sys
@@ -22,7 +28,7 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from fa4gen.compile.aot import CompileResult, compile_kernel
-from fa4gen.compile.cache import DiskCache, FA4GenCacheWarning, cache_key, device_helper_sources
+from fa4gen.compile.cache import DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources
 
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
@@ -51,7 +57,70 @@ def import_from_path(qualified_name: str, path: Path, *, package: bool = False) 
         return module
 
 
+# What `_parse_imports` found per text, by SHA-256: loaded from the cache folder once per process, written
+# back when a text was parsed. The version names the parser and the Python whose `ast` ran it; a file of
+# another version, or one that does not read as this format, is ignored (and replaced).
+IMPORTS_MEMO_FILE = "helper_imports.json"
+_IMPORTS_MEMO_VERSION = f"1-py{sys.version_info[0]}.{sys.version_info[1]}"
+_IMPORTS_MEMO_MAX = 1024  # entries kept (the newest): kernels of many specs, each text ~100 bytes
+_IMPORTS_MEMO: dict[str, list[str]] | None = None
+_IMPORTS_MEMO_DIRTY = False
+_IMPORTS_MEMO_LOCK = threading.RLock()
+
+
+def _imports_memo() -> dict[str, list[str]]:
+    global _IMPORTS_MEMO
+    if _IMPORTS_MEMO is None:
+        _IMPORTS_MEMO = {}
+        try:
+            data = json.loads((cache_dir() / IMPORTS_MEMO_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = None
+        entries = data.get("imports") if isinstance(data, dict) and data.get("version") == _IMPORTS_MEMO_VERSION else None
+        if isinstance(entries, dict):
+            _IMPORTS_MEMO = {
+                digest: names for digest, names in entries.items()
+                if isinstance(digest, str) and len(digest) == 64 and isinstance(names, list)
+                and all(isinstance(n, str) and n.isidentifier() for n in names)
+            }
+    return _IMPORTS_MEMO
+
+
+def _save_imports_memo() -> None:
+    """Write the memo back if this process added to it (best effort: a cache folder that cannot be written
+    only means the next process parses again)."""
+    global _IMPORTS_MEMO_DIRTY
+    if not _IMPORTS_MEMO_DIRTY or _IMPORTS_MEMO is None:
+        return
+    _IMPORTS_MEMO_DIRTY = False
+    entries = dict(list(_IMPORTS_MEMO.items())[-_IMPORTS_MEMO_MAX:])
+    path = cache_dir() / IMPORTS_MEMO_FILE
+    tmp = path.with_name(f".{IMPORTS_MEMO_FILE}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"version": _IMPORTS_MEMO_VERSION, "imports": entries}), encoding="utf-8")
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # e.g. the folder itself could not be made
+            pass
+
+
 def _imported_helpers(source: str) -> set[str]:
+    """The fa4gen.device submodules `source` imports (`_parse_imports`), remembered per text."""
+    global _IMPORTS_MEMO_DIRTY
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    with _IMPORTS_MEMO_LOCK:
+        memo = _imports_memo()
+        names = memo.get(digest)
+        if names is None:
+            names = memo[digest] = sorted(_parse_imports(source))
+            _IMPORTS_MEMO_DIRTY = True
+        return set(names)
+
+
+def _parse_imports(source: str) -> set[str]:
     """The fa4gen.device submodules `source` imports, in any spelling Python allows (from-imports of
     the package or of a submodule, parenthesised or not, relative imports inside fa4gen/device,
     `import fa4gen.device.x`); a regex of one spelling once let an import of another through."""
@@ -79,12 +148,14 @@ def used_helper_sources(source: str, helpers: Mapping[str, str] | None = None) -
     helpers does not invalidate the other family's cached kernels)."""
     helpers = device_helper_sources() if helpers is None else helpers
     wanted, todo = {"__init__.py"}, [source]
-    while todo:
-        for name in _imported_helpers(todo.pop()):
-            rel = f"{name}.py"
-            if rel in helpers and rel not in wanted:
-                wanted.add(rel)
-                todo.append(helpers[rel])
+    with _IMPORTS_MEMO_LOCK:
+        while todo:
+            for name in _imported_helpers(todo.pop()):
+                rel = f"{name}.py"
+                if rel in helpers and rel not in wanted:
+                    wanted.add(rel)
+                    todo.append(helpers[rel])
+        _save_imports_memo()
     return {rel: text for rel, text in helpers.items() if rel in wanted}
 
 
