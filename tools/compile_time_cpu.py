@@ -2,9 +2,9 @@
 "cold compile per variant no slower than flash-attn-4's first call", tracked between GPU sessions.
 
 Each round runs two fresh processes in alternating order (the CPU's run-to-run spread is large): fa4gen
-compiling the kernel its first call of a (1, 128, 1, 128) bf16 causal d128 call would (`--seqlen-q`: another
-length's kernel) (the spec of
-tools/launch_cost.py, into an empty disk cache), and flash-attn-4's `flash_attn_func` on the same shape under
+compiling, into an empty disk cache, the kernel that its first call of a (1, 128, 1, 128) bf16 causal d128 call
+compiles (the spec of tools/launch_cost.py; `--seqlen-q`: the kernel of another length), and flash-attn-4's
+`flash_attn_func` on the same shape under
 torch's FakeTensorMode (its CPU-only compile path: FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH sm_90a). Both have
 cutlass imported before the clock starts, as `import flash_attn.cute` does. Each child also reports where the
 time went: CuTe-DSL's tracing of the Python kernel into MLIR, the MLIR pipeline with code generation and
