@@ -13,6 +13,7 @@ import pytest
 from fa4gen.compile import cache as cache_mod
 from fa4gen.compile.cache import (
     ARTIFACT_NAME,
+    IMPORTS_MEMO_FILE,
     META_NAME,
     DiskCache,
     FA4GenCacheWarning,
@@ -265,6 +266,7 @@ def test_ls_and_clear(cache):
     for i, key in enumerate(keys):
         cache.put(key, f"obj{i}".encode(), {"name": f"k{i}"})
     (cache.root / "not-an-entry.txt").write_text("x")
+    (cache.root / IMPORTS_MEMO_FILE).write_text("{}")  # the helper-imports memo goes with the entries
     (cache.root / keys[2] / META_NAME).write_text("garbage")
     listed = cache.ls()
     assert sorted(e.key for e in listed) == sorted(keys[:2])  # unparseable meta skipped

@@ -49,6 +49,10 @@ class FA4GenCacheWarning(UserWarning):
     """A cache entry could not be used (corrupt, unreadable); the kernel is rebuilt."""
 
 
+# fa4gen/compile/generated.py's record of which device helpers each text imports (content-keyed; `clear` removes it)
+IMPORTS_MEMO_FILE = "helper_imports.json"
+
+
 def cache_dir() -> Path:
     """``$FA4GEN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fa4gen``, else ``~/.cache/fa4gen``."""
     explicit = os.environ.get("FA4GEN_CACHE_DIR")
@@ -299,6 +303,7 @@ class DiskCache:
             removed += 1
             (self.root / f"{entry_dir.name}.lock").unlink(missing_ok=True)
         if self.root.is_dir():
+            (self.root / IMPORTS_MEMO_FILE).unlink(missing_ok=True)
             # lock files of entries gone earlier: only the cache's own key format (64 hex digits), never
             # another project's poetry.lock under a mistyped FA4GEN_CACHE_DIR
             for lock in self.root.glob("*.lock"):

@@ -28,7 +28,9 @@ from types import ModuleType
 from typing import Any, Mapping
 
 from fa4gen.compile.aot import CompileResult, compile_kernel
-from fa4gen.compile.cache import DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources
+from fa4gen.compile.cache import (
+    IMPORTS_MEMO_FILE, DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources,
+)
 
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
@@ -60,7 +62,6 @@ def import_from_path(qualified_name: str, path: Path, *, package: bool = False) 
 # What `_parse_imports` found per text, by SHA-256: loaded from the cache folder once per process, written
 # back when a text was parsed. The version names the parser and the Python whose `ast` ran it; a file of
 # another version, or one that does not read as this format, is ignored (and replaced).
-IMPORTS_MEMO_FILE = "helper_imports.json"
 _IMPORTS_MEMO_VERSION = f"1-py{sys.version_info[0]}.{sys.version_info[1]}"
 _IMPORTS_MEMO_MAX = 1024  # entries kept (the newest): kernels of many specs, each text ~100 bytes
 _IMPORTS_MEMO: dict[str, list[str]] | None = None
