@@ -22,7 +22,6 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_varlen.
 import argparse
 import cProfile
 import json
-import pstats
 import random
 import statistics
 from pathlib import Path
@@ -32,6 +31,7 @@ from triton.testing import do_bench
 
 import fa4gen
 from bench_fwd import _first, bwd_time_ms, rotation
+from host_overhead_cpu import top_own_time
 
 TOKENS, HIDDEN = 16384, 2048
 
@@ -97,15 +97,13 @@ def bwd_breakdown(run, q, k, v, calls: int = 5) -> dict:
         out.backward(dout, retain_graph=True)
         pr.disable()
     torch.cuda.synchronize()
-    stats = pstats.Stats(pr).stats  # {(file, line, name): (calls, prim calls, tottime, cumtime, callers)}
-    host_top = [{"function": f"{Path(fn).name}:{line}({name})", "tottime_us": round(tt / calls * 1e6, 1),
-                 "cumtime_us": round(ct / calls * 1e6, 1), "calls": nc // calls}
-                for (fn, line, name), (nc, _, tt, ct, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:15]]
+    host_top = top_own_time(pr, calls, 15)
     wall = statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
-    kernels = kernel_totals(((e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
-                             for e in prof.key_averages()
-                             if (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)) > 0),
-                            calls)
+
+    def device_us(event):  # (renamed from cuda_time_total in newer torch)
+        return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+
+    kernels = kernel_totals(((e.key, device_us(e)) for e in prof.key_averages() if device_us(e) > 0), calls)
     try:
         clock = torch.cuda.clock_rate()
     except Exception:  # noqa: BLE001 - pynvml missing

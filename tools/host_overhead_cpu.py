@@ -86,7 +86,6 @@ def _time_backward(op, plan, calls: int) -> int:
     launch stubbed: microseconds per call, and the 12 functions with the most own time under cProfile (which
     inflates them: compare them with each other)."""
     import cProfile
-    import pstats
 
     from fa4gen.api.runtime import Packed
 
@@ -119,10 +118,20 @@ def _time_backward(op, plan, calls: int) -> int:
     for _ in range(calls):
         call()
     prof.disable()
-    top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:12]
-    for (path, line, name), (n, _, own, _, _) in top:
-        print(f"  {own / calls * 1e6:7.2f} us own, {n // calls:3d}x  {path.rsplit('/', 1)[-1]}:{line}({name})")
+    for row in top_own_time(prof, calls, 12):
+        print(f"  {row['tottime_us']:7.2f} us own, {row['calls']:3d}x  {row['function']}")
     return 0
+
+
+def top_own_time(prof, calls: int, n: int) -> list[dict]:
+    """The n functions of a cProfile.Profile over `calls` calls with the most own time, per call, most first:
+    {"function": "file.py:line(name)", "tottime_us", "cumtime_us", "calls"} (also tools/bench_varlen.py's)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, primitive calls, tottime, cumtime, callers)}
+    return [{"function": f"{path.rsplit('/', 1)[-1]}:{line}({name})", "tottime_us": round(own / calls * 1e6, 2),
+             "cumtime_us": round(cum / calls * 1e6, 2), "calls": nc // calls}
+            for (path, line, name), (nc, _, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:n]]
 
 
 def _stub(op) -> None:
