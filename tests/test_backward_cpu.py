@@ -716,3 +716,22 @@ def test_a_missing_lse_gradient_reads_the_shared_zeros(build_pkg, monkeypatch):
     dlse = torch.randn(lse.shape, generator=torch.Generator().manual_seed(6))
     (lse * dlse).sum().backward()
     assert torch.equal(seen[-1], dlse) and seen[-1].untyped_storage().data_ptr() != grown.untyped_storage().data_ptr()
+
+
+def test_the_zero_dlse_view_is_made_once_per_shape_and_stays_zero_after_growth(build_pkg, monkeypatch):
+    """The zeros' view for a dLSE shape is made once and handed to every later backward of that shape (no
+    slice and view per call); a view made before the buffer grew still reads zeros (the old buffer is kept),
+    and the cache is bounded (packed calls bring a new total each batch)."""
+    from fa4gen.api import runtime
+
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    cpu = torch.device("cpu")
+    first = op._zero_dlse((2, 4, 9), cpu)
+    assert op._zero_dlse((2, 4, 9), cpu) is first
+    grown = op._zero_dlse((2, 4, 40), cpu)  # larger: a new buffer, the old one retired
+    assert grown.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+    assert op._zero_dlse((2, 4, 9), cpu) is first and not first.any() and not grown.any()
+    for total in range(runtime.DLSE_VIEWS + 1):
+        assert not op._zero_dlse((1, 4, total + 1), cpu).any()
+    assert len(op._dlse_views) <= runtime.DLSE_VIEWS

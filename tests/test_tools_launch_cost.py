@@ -31,7 +31,7 @@ def tools_path(monkeypatch, tmp_path):
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu") or name.startswith("fa4gen_pkg_"):
+        if name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu", "bwd_host_probe") or name.startswith("fa4gen_pkg_"):
             del sys.modules[name]
 
 
@@ -91,3 +91,25 @@ def test_host_overhead_cpu_times_the_backward_call(tools_path, package, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{package}: backward call: ") and ("packed" in lines[0]) == ("packed" in package)
     assert any("runtime.py" in line and "(backward)" in line for line in lines[1:])
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_bwd_host_probe_times_every_piece(tools_path, monkeypatch, varlen):
+    """tools/bwd_host_probe.py's rows on stubbed launches (CPU tensors, no sync): the step, the forward, the
+    backward through autograd and called directly with what the autograd node saved, the compiled call on the
+    arguments that call launched, and the packed path's own pieces."""
+    probe = importlib.import_module("bwd_host_probe")
+    from host_overhead_cpu import _stub
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    pkg = fa4gen.build(dict(probe.SPEC, name=f"tools_probe_{int(varlen)}", backward=True, varlen=varlen))
+    _stub(pkg._forward)
+    lead = (128,) if varlen else (1, 128)
+    q, k, v = (torch.randn(*lead, 1, 128, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(*lead, 1, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=32) if varlen else {}
+    monkeypatch.setattr(probe, "host_us", lambda fn, n=40, rounds=7: (fn(), 1.0)[1])
+    rows = probe._pieces(pkg, q, k, v, dout, kw)
+    want = {"step", "forward_with_grad", "backward_autograd", "backward_direct", "compiled_backward_call", "zero_dlse"}
+    assert set(rows) == want | ({"monotone_copy", "ten_batch1_views"} if varlen else set())

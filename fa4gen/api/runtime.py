@@ -88,6 +88,7 @@ def needs_grad(q, k, v) -> bool:
 
 
 CALL_CACHE_SIZE = 256  # signatures kept per package (cleared when full)
+DLSE_VIEWS = 64  # zero-dLSE views kept per package (cleared when full), see ForwardOp._zero_dlse
 
 
 class CachedCall(NamedTuple):
@@ -302,6 +303,10 @@ class ForwardOp:
         # own (1.0-1.4 us on the H200 at 16k tokens, session 19) between the launches
         self._dlse_zeros: dict[int | None, torch.Tensor] = {}
         self._dlse_retired: list[torch.Tensor] = []
+        # (device index, shape) -> a view of those zeros, made once: slicing and viewing them per call cost
+        # ~4 us of host time on the H200 (session 28). A view of a buffer since replaced still reads zeros
+        # (retired buffers are kept and never written)
+        self._dlse_views: dict[tuple, torch.Tensor] = {}
         self.bwd_plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "bwd"}
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[tuple[str, str], Any] = {}
@@ -492,6 +497,10 @@ class ForwardOp:
         """A view of this device's read-only zeros (see __init__) with `shape`: the dLSE of a backward
         without an LSE gradient. A new buffer is filled and the fill waited for before any stream may read
         it; while a CUDA graph is being captured (no waiting allowed) a growing call takes its own zeros."""
+        key = (device.index, shape)
+        view = self._dlse_views.get(key)
+        if view is not None:
+            return view
         n = math.prod(shape)
         buf = self._dlse_zeros.get(device.index)
         capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -504,7 +513,11 @@ class ForwardOp:
                 torch.cuda.current_stream(device).synchronize()
             return zeros
 
-        return self._device_buffer(self._dlse_zeros, self._dlse_retired, n, device, make)[:n].view(shape)
+        view = self._device_buffer(self._dlse_zeros, self._dlse_retired, n, device, make)[:n].view(shape)
+        if len(self._dlse_views) >= DLSE_VIEWS:  # packed calls bring a new total each batch
+            self._dlse_views.clear()
+        self._dlse_views[key] = view
+        return view
 
     def _forward(self, q, k, v, scale: float, window, chunk_size, out, packed: Packed | None = None, remember=None,
                  lse_scratch: bool = False):
@@ -672,8 +685,10 @@ class ForwardOp:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if dout is None:
             dout = torch.zeros_like(out)
-        if dlse is None:
-            dlse = self._zero_dlse(lse_shape, q.device)
+        if dlse is None:  # a packed launch takes the batch-1 shape: made so once, not viewed per call
+            dlse = self._zero_dlse((1, *lse_shape) if packed is not None else lse_shape, q.device)
+        elif packed is not None:
+            dlse = dlse[None]
         contiguous = dict(memory_format=torch.contiguous_format)
         # keys past seqused_k get a zero gradient: with MHA the kernel stores only the used rows. With
         # unchecked sequence values (max_seqlen_q given) rows may lie after the last sequence (e.g. the
@@ -688,7 +703,7 @@ class ForwardOp:
         grads = dq, dk, dv  # returned as allocated (the packed launch takes batch-1 views of them)
         if packed is not None:
             # one batch of extent 1 whose rows the sequence tensors cut up
-            q, k, v, out, dout, lse, dlse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dlse, dq, dk, dv))
+            q, k, v, out, dout, lse, dq, dk, dv = (t[None] for t in (q, k, v, out, dout, lse, dq, dk, dv))
             b, s_q = 1, total_q
         f32, i32 = dict(dtype=torch.float32, device=q.device), dict(dtype=torch.int32, device=q.device)
         # query tiles per (batch, head); varlen: per head, the tiles of every sequence numbered back to
