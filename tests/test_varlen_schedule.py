@@ -53,8 +53,6 @@ def test_every_query_tile_exactly_once(lengths, tile_m, descending):
     assert sorted(got) == sorted(want) and len(got) == len(want)
     for s in range(b):  # the packed tile of (s, m) - the deterministic backward's semaphore index - is unique
         assert tiling.tiles_before(cu, s, total, tile_m) == sum(-(-n // tile_m) for n in lengths[:s])
-        # the backward's form (first 32 sequences loaded with the sequence's own bounds, then the loop)
-        assert tiling.first_tile_peeled(cu, s, total, tile_m) == tiling.tiles_before(cu, s, total, tile_m)
     assert len({tiling.tiles_before(cu, s, total, tile_m) + m for s, m in got}) == len(got)
     assert order == sorted(order)  # sequence by sequence, in launch order
     if descending:
@@ -68,3 +66,32 @@ def test_malformed_offsets_stay_inside_the_packed_tensor():
     for seq in range(4):
         off, n = tiling.sequence_bounds(cu, seq, 100)
         assert 0 <= off <= 100 and 0 <= n and off + n <= 100
+
+
+@pytest.mark.parametrize("lengths", CASES, ids=range(len(CASES)))
+@pytest.mark.parametrize("descending", [False, True])
+def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, descending):
+    """The packed backward's prologue (`key_tile_sequence`: the key-tile scan with each lane's query bounds and
+    seqused_k loaded beside its key bounds) against the three lookups it replaces: tile_of_owned over the key
+    tiles, the sequence's bounds, and tiles_before over the query tiles. Queries and keys packed differently
+    (cross-attention), seqused_k on and off, malformed offsets too (they are clamped, not checked)."""
+    rng = random.Random(len(lengths) * 7 + descending)
+    b = len(lengths)
+    cu_k = _cu(lengths)
+    cu_q = _cu([rng.choice([0, 1, 80, 81, rng.randint(0, 700)]) for _ in lengths])
+    if rng.random() < 0.2:  # not monotone, past the end: the runtime's unchecked values
+        cu_q = [rng.randint(-5, cu_q[-1] + 5) for _ in cu_q]
+    total_q, total_k = max(cu_q[-1], 1), cu_k[-1]
+    used = [rng.randint(-3, n + 3) for n in lengths]
+    tile_n, tile_m = 128, 80
+    for seqused in (None, used):
+        for t in range(-(-total_k // tile_n) + b):
+            got = tiling.key_tile_sequence(cu_q, cu_k, seqused, b, total_q, total_k, t, tile_n, tile_m, descending)
+            s, n, owned = tiling.tile_of_owned(cu_k, b, total_k, t, tile_n, descending)
+            assert got[:3] == (s, n, owned)
+            if t >= owned:  # spare: the CTA leaves, its sequence values unused
+                continue
+            oq, lq = tiling.sequence_bounds(cu_q, s, total_q)
+            ok, lk = tiling.sequence_bounds(cu_k, s, total_k)
+            lk = lk if seqused is None else min(max(seqused[s], 0), lk)
+            assert got[3:] == (oq, lq, ok, lk, tiling.tiles_before(cu_q, s, total_q, tile_m)), (t, s)

@@ -100,7 +100,7 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
 @cute.jit
 def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
                   tile_m: cutlass.Constexpr[int], descending: cutlass.Constexpr[bool]):
-    """`tile_of` plus the number of tiles all sequences own (`tiles_before(num_seqs)`, which the scan
+    """`tile_of` plus the number of tiles all sequences own (fa4gen/emulate/tiling.py `tiles_before(num_seqs)`, which the scan
     sums anyway): (seq, m_block, owned). Grid tiles from `owned` on are spare (the grid is an upper bound:
     each sequence's partial last tile costs one of the num_seqs extra tiles), see `leave_if_spare`.
 
@@ -153,47 +153,61 @@ def leave_if_spare(tile: Int32, owned: Int32):
 
 
 @cute.jit
-def tiles_before(cu_seqlens: cute.Tensor, seq: Int32, total: Int32, tile_m: cutlass.Constexpr[int]) -> Int32:
-    """How many tiles of `tile_m` rows the sequences before `seq` own: sequence `seq`'s first tile
-    number in `tile_of`'s numbering (a warp sum over 32 sequences per step; warp-uniform)."""
-    return _tiles_from(cu_seqlens, Int32(0), seq, total, tile_m)
+def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, seqused_k: cute.Tensor, num_seqs: Int32,
+                      total_q: Int32, total_k: Int32, tile: Int32, use_seqused: Int32,
+                      tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
+                      descending: cutlass.Constexpr[bool]):
+    """A packed backward CTA's key tile and everything it needs of its sequence, from one scan whose loads
+    all go out together: (seq, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) =
+    `tile_of_owned(cu_seqlens_k, num_seqs, total_k, tile, tile_n, descending)`, then `sequence(...)` of that
+    sequence and its first query tile (the query tiles, of `tile_m` rows, of the sequences before it).
 
-
-@cute.jit
-def _tiles_from(cu_seqlens: cute.Tensor, first: Int32, seq: Int32, total: Int32,
-                tile_m: cutlass.Constexpr[int]) -> Int32:
-    """The tiles of sequences first, first + 1, ..., seq - 1 (`tiles_before` from `first` on)."""
+    As in `tile_of_owned`, every warp scans the sequences 32 at a time; each lane loads its sequence's key and
+    query bounds (and seqused_k) at once, so the CTA waits for memory once before its first TMA load, where a
+    scan followed by loads of the sequence found waited twice (one CTA per SM: that wait was exposed in every
+    wave; the session 28 profile of 32 x 512 tokens put the packed backward 30 us behind the dense one, its extra
+    instructions in this prologue). The owner lane's values are shuffled to the warp; the query tiles before it
+    are an exclusive prefix sum beside the key tiles' one."""
     lane = cute.arch.lane_idx()
-    base = Int32(0)
-    for j in cutlass.range(first, seq, 32, unroll=1):
-        count = Int32(0)
-        if j + lane < seq:
-            _, length = sequence_bounds(cu_seqlens, j + lane, total)
-            count = (length + tile_m - 1) // tile_m
+    seq = num_seqs - 1
+    n_block = tile  # past any sequence's end unless found below
+    base = Int32(0)  # key tiles of the chunks already scanned
+    q_base = Int32(0)  # query tiles of the chunks already scanned
+    offset_q = Int32(0)
+    seqlen_q = Int32(0)
+    offset_k = Int32(0)
+    seqlen_k = Int32(0)
+    q_tile0 = Int32(0)
+    for j in cutlass.range(0, num_seqs, 32, unroll=1):
+        oq, lq, ok, lk, used = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
+        if j + lane < num_seqs:
+            oq, lq = sequence_bounds(cu_seqlens_q, j + lane, total_q)
+            ok, lk = sequence_bounds(cu_seqlens_k, j + lane, total_k)
+            used = used_length(seqused_k, j + lane, lk, use_seqused)
+        count = (lk + tile_n - 1) // tile_n
+        q_count = (lq + tile_m - 1) // tile_m
+        incl = count
+        q_incl = q_count
         for step in cutlass.range_constexpr(5):
-            count = count + cute.arch.shuffle_sync_bfly(count, 1 << step)
-        base = base + count
-    return base
-
-
-@cute.jit
-def sequence_and_first_tile(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, seqused_k: cute.Tensor,
-                            seq: Int32, total_q: Int32, total_k: Int32, use_seqused: Int32,
-                            tile_m: cutlass.Constexpr[int]):
-    """`sequence` and `tiles_before(cu_seqlens_q, seq, total_q, tile_m)` with their loads in one round trip:
-    (offset_q, seqlen_q, offset_k, seqlen_k, q_tile0). The first 32 sequences' query bounds (one per lane)
-    are loaded next to sequence `seq`'s own bounds, before either is used, so a packed backward CTA waits for
-    memory twice before its first load (tile_of's scan, then these) instead of three times; sequences from
-    32 on (batches of more than 32) take `tiles_before`'s loop after that."""
-    lane = cute.arch.lane_idx()
-    count = Int32(0)
-    if lane < seq:
-        _, length = sequence_bounds(cu_seqlens_q, lane, total_q)
-        count = (length + tile_m - 1) // tile_m
-    offset_q, seqlen_q, offset_k, seqlen_k = sequence(
-        cu_seqlens_q, cu_seqlens_k, seqused_k, seq, total_q, total_k, use_seqused
-    )
-    for step in cutlass.range_constexpr(5):
-        count = count + cute.arch.shuffle_sync_bfly(count, 1 << step)
-    q_tile0 = count + _tiles_from(cu_seqlens_q, Int32(32), seq, total_q, tile_m)
-    return offset_q, seqlen_q, offset_k, seqlen_k, q_tile0
+            up = cute.arch.shuffle_sync_up(incl, 1 << step)
+            q_up = cute.arch.shuffle_sync_up(q_incl, 1 << step)
+            if lane >= (1 << step):
+                incl = incl + up
+                q_incl = q_incl + q_up
+        hits = cute.arch.vote_ballot_sync(base + incl > tile)
+        if hits != 0:
+            if base <= tile:  # only the chunk holding the tile (earlier chunks passed it already)
+                first = cute.arch.popc((hits & (0 - hits)) - 1)  # lowest set bit
+                local = tile - base - cute.arch.shuffle_sync(incl - count, first)
+                seq = j + first
+                if cutlass.const_expr(descending):
+                    local = cute.arch.shuffle_sync(count, first) - 1 - local
+                n_block = local
+                offset_q = cute.arch.shuffle_sync(oq, first)
+                seqlen_q = cute.arch.shuffle_sync(lq, first)
+                offset_k = cute.arch.shuffle_sync(ok, first)
+                seqlen_k = cute.arch.shuffle_sync(used, first)
+                q_tile0 = q_base + cute.arch.shuffle_sync(q_incl - q_count, first)
+        base = base + cute.arch.shuffle_sync(incl, 31)
+        q_base = q_base + cute.arch.shuffle_sync(q_incl, 31)
+    return seq, n_block, base, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0

@@ -215,6 +215,22 @@ def tile_of(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m:
     return seq, m_block
 
 
+def _scan_up(counts: list[int]) -> list[int]:
+    """The 32 lanes' inclusive prefix sums as the kernels' shuffle-up scan forms them: at step k lane l adds
+    lane l - 2^k's value from the step before."""
+    incl = list(counts)
+    for step in range(5):
+        incl = [incl[lane] + (incl[lane - (1 << step)] if lane >= (1 << step) else 0) for lane in range(32)]
+    return incl
+
+
+def _first_past(incl: list[int], base: int, tile: int) -> int | None:
+    """The first lane whose running total passes `tile` (the kernels' ballot and lowest set bit), or None when
+    this chunk does not hold the tile (no lane passes it, or an earlier chunk already did)."""
+    hits = [base + incl[lane] > tile for lane in range(32)]
+    return hits.index(True) if any(hits) and base <= tile else None
+
+
 def tile_of_owned(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m: int,
                   descending: bool) -> tuple[int, int, int]:
     """(sequence, m_block, tiles the sequences own) of linear query tile `tile` (fa4gen/device/varlen.py:
@@ -226,12 +242,9 @@ def tile_of_owned(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, t
             if j + lane < num_seqs:
                 _, length = sequence_bounds(cu_seqlens, j + lane, total)
                 counts[lane] = (length + tile_m - 1) // tile_m
-        incl = list(counts)
-        for step in range(5):  # shuffle-up scan: lane l adds lane l - 2^step, from the previous step's values
-            incl = [incl[lane] + (incl[lane - (1 << step)] if lane >= (1 << step) else 0) for lane in range(32)]
-        hits = [base + incl[lane] > tile for lane in range(32)]
-        if any(hits) and base <= tile:
-            first = hits.index(True)
+        incl = _scan_up(counts)
+        first = _first_past(incl, base, tile)
+        if first is not None:
             local = tile - base - (incl[first] - counts[first])
             seq = j + first
             m_block = counts[first] - 1 - local if descending else local
@@ -244,16 +257,34 @@ def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> in
     return sum((sequence_bounds(cu_seqlens, i, total)[1] + tile_m - 1) // tile_m for i in range(seq))
 
 
-def first_tile_peeled(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> int:
-    """Sequence `seq`'s first tile as fa4gen/device/varlen.py's `sequence_and_first_tile` sums it: lane l
-    loads sequence l's bounds (l < seq) next to the sequence's own, a butterfly warp sum, then
-    `tiles_before`'s loop from sequence 32 on."""
-    counts = [((sequence_bounds(cu_seqlens, lane, total)[1] + tile_m - 1) // tile_m) if lane < seq else 0
-              for lane in range(32)]
-    for step in range(5):  # butterfly: lane l adds lane l ^ 2^step
-        counts = [counts[lane] + counts[lane ^ (1 << step)] for lane in range(32)]
-    rest = 0
-    for j in range(32, seq, 32):
-        rest += sum((sequence_bounds(cu_seqlens, j + lane, total)[1] + tile_m - 1) // tile_m
-                    for lane in range(32) if j + lane < seq)
-    return counts[0] + rest
+def key_tile_sequence(cu_q: list[int], cu_k: list[int], seqused_k: list[int] | None, num_seqs: int, total_q: int,
+                      total_k: int, tile: int, tile_n: int, tile_m: int, descending: bool) -> tuple:
+    """(seq, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) of linear key tile `tile` as
+    fa4gen/device/varlen.py's `key_tile_sequence` finds them in one scan: each lane holds its sequence's key
+    and query bounds (seqused_k: None = not used), inclusive prefix sums of both tile counts, the first lane
+    past `tile`, its values shuffled out and the query tiles before it as the exclusive prefix."""
+    seq, n_block, base, q_base = num_seqs - 1, tile, 0, 0
+    found = (0, 0, 0, 0, 0)
+    for j in range(0, num_seqs, 32):
+        lanes = []
+        for lane in range(32):
+            if j + lane < num_seqs:
+                oq, lq = sequence_bounds(cu_q, j + lane, total_q)
+                ok, lk = sequence_bounds(cu_k, j + lane, total_k)
+                used = lk if seqused_k is None else min(max(seqused_k[j + lane], 0), lk)
+                lanes.append((oq, lq, ok, lk, used))
+            else:
+                lanes.append((0, 0, 0, 0, 0))
+        counts = [(lk + tile_n - 1) // tile_n for _, _, _, lk, _ in lanes]
+        q_counts = [(lq + tile_m - 1) // tile_m for _, lq, _, _, _ in lanes]
+        incl, q_incl = _scan_up(counts), _scan_up(q_counts)
+        first = _first_past(incl, base, tile)
+        if first is not None:
+            local = tile - base - (incl[first] - counts[first])
+            seq = j + first
+            n_block = counts[first] - 1 - local if descending else local
+            oq, lq, ok, _, used = lanes[first]
+            found = (oq, lq, ok, used, q_base + q_incl[first] - q_counts[first])
+        base += incl[31]
+        q_base += q_incl[31]
+    return (seq, n_block, base) + found

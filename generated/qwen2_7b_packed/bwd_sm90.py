@@ -243,19 +243,17 @@ class FlashBwdSm90:
         head_kv = head // (mQ.shape[2] // mK.shape[2])
         # blockIdx.x numbers the key tiles of all sequences back to back
         key_tile = n_block  # unique per (sequence, key block): the GQA dK/dV semaphore's index
-        batch, n_block, owned = varlen.tile_of_owned(
-            mCuK, cute.size(mCuK.shape[0]) - 1, total_k, key_tile, TILE_N, False
+        # with the sequence's rows and its first query tile in the packed numbering (the dQ accumulator's chunks
+        # and the deterministic mode's semaphores are per packed query tile): every load in one round trip
+        batch, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0 = varlen.key_tile_sequence(
+            mCuQ, mCuK, mSeqUsedK, cute.size(mCuK.shape[0]) - 1, total_q, total_k, key_tile, use_seqused,
+            TILE_N, TILE_M, False
         )
         # a key tile past every sequence (the grid is an upper bound) owns no keys: no query block visits it, no
         # turn or claim waits for it, it stores nothing, so the CTA leaves before any set-up
         varlen.leave_if_spare(key_tile, owned)
         batch = cute.arch.make_warp_uniform(batch)
         n_block = cute.arch.make_warp_uniform(n_block)
-        # the sequence's rows and its first query tile in the packed numbering (the dQ accumulator's chunks and
-        # the deterministic mode's semaphores are per packed query tile), their loads in one round trip
-        offset_q, seqlen_q, offset_k, seqlen_k, q_tile0 = varlen.sequence_and_first_tile(
-            mCuQ, mCuK, mSeqUsedK, batch, total_q, total_k, use_seqused, TILE_M
-        )
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mdO_s = varlen.sequence_rows(mdO, offset_q, seqlen_q, 0)[None, None, head]
         mdQacc_h = mdQacc[0, head, None]
