@@ -31,7 +31,8 @@ def tools_path(monkeypatch, tmp_path):
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu", "bwd_host_probe") or name.startswith("fa4gen_pkg_"):
+        if (name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu", "bwd_host_probe")
+                or name.startswith("fa4gen_pkg_")):
             del sys.modules[name]
 
 

@@ -100,9 +100,10 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
 @cute.jit
 def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
                   tile_m: cutlass.Constexpr[int], descending: cutlass.Constexpr[bool]):
-    """`tile_of` plus the number of tiles all sequences own (fa4gen/emulate/tiling.py `tiles_before(num_seqs)`, which the scan
-    sums anyway): (seq, m_block, owned). Grid tiles from `owned` on are spare (the grid is an upper bound:
-    each sequence's partial last tile costs one of the num_seqs extra tiles), see `leave_if_spare`.
+    """`tile_of` plus the number of tiles all sequences own (`tiles_before(num_seqs)` in
+    fa4gen/emulate/tiling.py, which the scan sums anyway): (seq, m_block, owned). Grid tiles from `owned` on
+    are spare (the grid is an upper bound: each sequence's partial last tile costs one of the num_seqs extra
+    tiles), see `leave_if_spare`.
 
     Every warp scans the sequences 32 at a time: a lane's tile count, an inclusive warp prefix sum
     (shuffles), and a ballot for the first lane whose running total passes `tile`. Every thread
