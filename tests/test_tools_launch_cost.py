@@ -103,7 +103,8 @@ def test_bwd_host_probe_times_every_piece(tools_path, monkeypatch, varlen):
     from host_overhead_cpu import _stub
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    pkg = fa4gen.build(dict(probe.SPEC, name=f"tools_probe_{int(varlen)}", backward=True, varlen=varlen))
+    pkg = fa4gen.build(dict(importlib.import_module("launch_cost").SPEC, name=f"tools_probe_{int(varlen)}",
+                            backward=True, varlen=varlen))
     _stub(pkg._forward)
     lead = (128,) if varlen else (1, 128)
     q, k, v = (torch.randn(*lead, 1, 128, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -114,3 +115,19 @@ def test_bwd_host_probe_times_every_piece(tools_path, monkeypatch, varlen):
     rows = probe._pieces(pkg, q, k, v, dout, kw)
     want = {"step", "forward_with_grad", "backward_autograd", "backward_direct", "compiled_backward_call", "zero_dlse"}
     assert set(rows) == want | ({"monotone_copy", "ten_batch1_views"} if varlen else set())
+
+
+def test_the_tiny_training_cases_run_a_step(tools_path):
+    """tools/launch_cost.py's tiny training calls (shared with tools/bwd_host_probe.py) on CPU tensors with the
+    launches stubbed: each fa4gen case runs forward and backward through autograd, gradients shaped like its
+    inputs; without flash-attn-4 the reason is returned instead of its cases."""
+    launch_cost = importlib.import_module("launch_cost")
+    from host_overhead_cpu import _stub
+
+    cases, fa4_missing = launch_cost.tiny_training_cases(device="cpu")
+    assert fa4_missing is None or fa4_missing.startswith("unavailable")
+    for name in ("fa4gen_dense", "fa4gen_packed"):
+        c = cases[name]
+        _stub(c.pkg._forward)
+        grads = torch.autograd.grad(c.call(*c.inputs), c.inputs, c.dout)
+        assert [g.shape for g in grads] == [t.shape for t in c.inputs], name

@@ -17,28 +17,18 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch_cost import SPEC  # noqa: E402  (tools/ is not a package)
+from launch_cost import _timed_calls_us, tiny_training_cases  # noqa: E402  (tools/ is not a package)
 
 
 def host_us(fn, n: int = 40, rounds: int = 7) -> float:
-    """Median over `rounds` of the host time per call of n calls queued after a sync (see the module doc)."""
-    for _ in range(10):
-        fn()
-    per = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        per.append((time.perf_counter() - t0) / n * 1e6)
-    torch.cuda.synchronize()
-    return round(statistics.median(per), 2)
+    """Median over `rounds` of launch_cost's host time per call of n calls queued after a sync (this host's
+    speed swings between rounds; see the module doc)."""
+    return round(statistics.median(_timed_calls_us(fn, n, drained=False) for _ in range(rounds)), 2)
 
 
 def _pieces(pkg, q, k, v, dout, kw) -> dict:
@@ -85,20 +75,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    import fa4gen
-
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    cases, fa4_missing = tiny_training_cases()
     res = {"device": torch.cuda.get_device_name()}
-    dense = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
-    packed = fa4gen.build(dict(SPEC, name="launch_cost_d128_varlen_bwd", varlen=True, backward=True))
-    q, k, v = (torch.randn(1, 128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
-    dout = torch.randn(1, 128, 1, 128, **bf16)
-    qv, kv, vv = (torch.randn(128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
-    doutv = torch.randn(128, 1, 128, **bf16)
-    cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32, device="cuda")
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=32)
-    res["fa4gen_dense"] = _pieces(dense, q, k, v, dout, {})
-    res["fa4gen_packed"] = _pieces(packed, qv, kv, vv, doutv, kw)
+    for name, c in cases.items():
+        if c.pkg is not None:
+            res[name] = _pieces(c.pkg, *c.inputs, c.dout, c.kwargs)
+            continue
+        out = c.call(*c.inputs)
+        res[name] = {  # flash-attn-4: the rows that need no access to its internals
+            "step": host_us(lambda c=c: torch.autograd.grad(c.call(*c.inputs), c.inputs, c.dout)),
+            "forward_with_grad": host_us(lambda c=c: c.call(*c.inputs)),
+            "backward_autograd": host_us(lambda c=c, out=out: torch.autograd.grad(out, c.inputs, c.dout,
+                                                                                 retain_graph=True)),
+        }
+    if fa4_missing is not None:
+        res["flash_attn_4"] = fa4_missing
+    q = cases["fa4gen_dense"].inputs[0]
     f32, i32 = dict(dtype=torch.float32, device="cuda"), dict(dtype=torch.int32, device="cuda")
     res["torch"] = {
         "empty_f32": host_us(lambda: torch.empty((1, 1, 256), **f32)),
@@ -118,30 +110,12 @@ def main() -> None:
             return g
 
     y = Nothing.apply(q)
+    dout = cases["fa4gen_dense"].dout
     res["torch"]["autograd_engine_trivial"] = host_us(lambda: torch.autograd.grad(y, (q,), dout, retain_graph=True))
-    try:
-        from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
-
-        def first(r):
-            return r[0] if isinstance(r, tuple) else r
-
-        for name, call, (a, b, c, g) in (
-                ("flash_attn_4_dense", lambda a, b, c: first(flash_attn_func(a, b, c, causal=True)), (q, k, v, dout)),
-                ("flash_attn_4_packed", lambda a, b, c: first(flash_attn_varlen_func(a, b, c, causal=True, **kw)),
-                 (qv, kv, vv, doutv))):
-            o = call(a, b, c)
-            res[name] = {
-                "step": host_us(lambda: torch.autograd.grad(call(a, b, c), (a, b, c), g)),
-                "forward_with_grad": host_us(lambda: call(a, b, c)),
-                "backward_autograd": host_us(lambda: torch.autograd.grad(o, (a, b, c), g, retain_graph=True)),
-            }
-    except Exception as err:  # noqa: BLE001 - the table keeps fa4gen's rows
-        res["flash_attn_4"] = f"unavailable: {type(err).__name__}: {err}"[:300]
     print(json.dumps(res, indent=1))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "bwd_host_probe.json").write_text(json.dumps(res, indent=1))
-
 
 if __name__ == "__main__":
     main()

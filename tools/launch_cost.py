@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -214,44 +215,63 @@ def main():
     (out / "launch_cost.json").write_text(json.dumps(res, indent=1))
 
 
+class Case(NamedTuple):
+    """One tiny training call: `call(q, k, v)` gives out; `inputs` require grad; `pkg` is fa4gen's package
+    (None for flash-attn-4) and `kwargs` the packed call's sequence arguments (already bound into `call`)."""
+    call: Callable
+    inputs: tuple
+    dout: torch.Tensor
+    pkg: object
+    kwargs: dict
+
+
+def tiny_training_cases(device: str = "cuda") -> tuple[dict, str | None]:
+    """The tiny causal d128 calls that `training_step` and tools/bwd_host_probe.py time, dense (1, 128, 1, 128)
+    and packed (4 sequences of 32 tokens, max_seqlen given: unchecked, as in training): name -> Case, fa4gen's
+    and, when it imports, flash-attn-4's on the same tensors; and why flash-attn-4 is missing (None if not)."""
+    import fa4gen
+
+    bf16 = dict(device=device, dtype=torch.bfloat16)
+    dense = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
+    packed = fa4gen.build(dict(SPEC, name="launch_cost_d128_varlen_bwd", varlen=True, backward=True))
+    qkv = tuple(torch.randn(1, 128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
+    qkv_packed = tuple(torch.randn(128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
+    dout, dout_packed = torch.randn(1, 128, 1, 128, **bf16), torch.randn(128, 1, 128, **bf16)
+    cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32, device=device)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=32)
+    cases = {
+        "fa4gen_dense": Case(dense.attention, qkv, dout, dense, {}),
+        "fa4gen_packed": Case(lambda q, k, v: packed.attention(q, k, v, **kw), qkv_packed, dout_packed, packed, kw),
+    }
+    try:
+        from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
+    except Exception as err:  # noqa: BLE001
+        return cases, f"unavailable: {type(err).__name__}: {err}"[:200]
+
+    def first(r):
+        return r[0] if isinstance(r, tuple) else r
+
+    cases["flash_attn_4_dense"] = Case(lambda q, k, v: first(flash_attn_func(q, k, v, causal=True)), qkv, dout,
+                                       None, {})
+    cases["flash_attn_4_packed"] = Case(lambda q, k, v: first(flash_attn_varlen_func(q, k, v, causal=True, **kw)),
+                                        qkv_packed, dout_packed, None, kw)
+    return cases, None
+
+
 def training_step() -> dict:
     """A tiny forward + backward through autograd, dense and packed (4 sequences of 32 tokens), against
     flash-attn-4's: `host_us` is the host time of one step queued without a sync, `drained_us` the time per
     step once the GPU has run them (the slower of host and GPU). Where host_us is the larger, steps this
     small are host-bound; the packed backward's Python side is the larger part (the monotone sequence
     copies, the zeroed workspaces)."""
-    import fa4gen
+    cases, fa4_missing = tiny_training_cases()
+    res = {} if fa4_missing is None else {"flash_attn_4": fa4_missing}
+    for name, c in cases.items():
+        def step(c=c):
+            return torch.autograd.grad(c.call(*c.inputs), c.inputs, c.dout)
 
-    res = {}
-    bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    dense = fa4gen.build(dict(SPEC, name="launch_cost_d128_bwd", backward=True))
-    q, k, v = (torch.randn(1, 128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
-    dout = torch.randn(1, 128, 1, 128, **bf16)
-    packed = fa4gen.build(dict(SPEC, name="launch_cost_d128_varlen_bwd", varlen=True, backward=True))
-    qv, kv, vv = (torch.randn(128, 1, 128, **bf16, requires_grad=True) for _ in range(3))
-    doutv = torch.randn(128, 1, 128, **bf16)
-    cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32, device="cuda")
-    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32, max_seqlen_k=32)
-    steps = {
-        "fa4gen_dense": lambda: torch.autograd.grad(dense.attention(q, k, v), (q, k, v), dout),
-        "fa4gen_packed": lambda: torch.autograd.grad(packed.attention(qv, kv, vv, **kw), (qv, kv, vv), doutv),
-    }
-    try:
-        from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
-
-        def first(r):
-            return r[0] if isinstance(r, tuple) else r
-
-        steps["flash_attn_4_dense"] = lambda: torch.autograd.grad(
-            first(flash_attn_func(q, k, v, causal=True)), (q, k, v), dout)
-        steps["flash_attn_4_packed"] = lambda: torch.autograd.grad(
-            first(flash_attn_varlen_func(qv, kv, vv, causal=True, **kw)), (qv, kv, vv), doutv)
-    except Exception as err:  # noqa: BLE001
-        res["flash_attn_4"] = f"unavailable: {type(err).__name__}: {err}"[:200]
-    for name, step in steps.items():
         res[name] = {"host_us": host_us(step, n=200), "drained_us": round(per_call_us(step, n=400), 2)}
     return res
-
 
 if __name__ == "__main__":
     main()
