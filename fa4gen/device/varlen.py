@@ -98,6 +98,23 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
 
 
 @cute.jit
+def _warp_inclusive_sum(x: Int32) -> Int32:
+    """Lane l's sum of lanes 0..l's x: five shuffle-up steps, lane l adding lane l - 2^k's running sum."""
+    lane = cute.arch.lane_idx()
+    for step in cutlass.range_constexpr(5):
+        up = cute.arch.shuffle_sync_up(x, 1 << step)
+        if lane >= (1 << step):
+            x = x + up
+    return x
+
+
+@cute.jit
+def _lowest_lane(hits) -> Int32:
+    """The lowest lane set in a non-zero ballot."""
+    return cute.arch.popc((hits & (0 - hits)) - 1)
+
+
+@cute.jit
 def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
                   tile_m: cutlass.Constexpr[int], descending: cutlass.Constexpr[bool]):
     """`tile_of` plus the number of tiles all sequences own (`tiles_before(num_seqs)` in
@@ -117,15 +134,11 @@ def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: 
         if j + lane < num_seqs:
             _, length = sequence_bounds(cu_seqlens, j + lane, total)
             count = (length + tile_m - 1) // tile_m
-        incl = count
-        for step in cutlass.range_constexpr(5):
-            up = cute.arch.shuffle_sync_up(incl, 1 << step)
-            if lane >= (1 << step):
-                incl = incl + up
+        incl = _warp_inclusive_sum(count)
         hits = cute.arch.vote_ballot_sync(base + incl > tile)
         if hits != 0:
             if base <= tile:  # only the chunk holding the tile (earlier chunks passed it already)
-                first = cute.arch.popc((hits & (0 - hits)) - 1)  # lowest set bit
+                first = _lowest_lane(hits)
                 before = cute.arch.shuffle_sync(incl - count, first)
                 local = tile - base - before
                 seq = j + first
@@ -187,18 +200,12 @@ def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, sequ
             used = used_length(seqused_k, j + lane, lk, use_seqused)
         count = (lk + tile_n - 1) // tile_n
         q_count = (lq + tile_m - 1) // tile_m
-        incl = count
-        q_incl = q_count
-        for step in cutlass.range_constexpr(5):
-            up = cute.arch.shuffle_sync_up(incl, 1 << step)
-            q_up = cute.arch.shuffle_sync_up(q_incl, 1 << step)
-            if lane >= (1 << step):
-                incl = incl + up
-                q_incl = q_incl + q_up
+        incl = _warp_inclusive_sum(count)
+        q_incl = _warp_inclusive_sum(q_count)
         hits = cute.arch.vote_ballot_sync(base + incl > tile)
         if hits != 0:
             if base <= tile:  # only the chunk holding the tile (earlier chunks passed it already)
-                first = cute.arch.popc((hits & (0 - hits)) - 1)  # lowest set bit
+                first = _lowest_lane(hits)
                 local = tile - base - cute.arch.shuffle_sync(incl - count, first)
                 seq = j + first
                 if cutlass.const_expr(descending):
