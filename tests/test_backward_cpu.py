@@ -254,14 +254,16 @@ class FakeKernels:
             dk_accum, dv_accum = extra.pop(0), extra.pop(0)
             assert dk_accum.shape == (b, s_k, h_kv, d) and dv_accum.shape == (b, s_k, h_kv, d_v)
             assert dk_accum.dtype == dv_accum.dtype == torch.float32 and not dk_accum.any() and not dv_accum.any()
-        if claim:  # the non-deterministic hand-off's claim flags: one per query tile, all unclaimed
+        # the non-deterministic hand-off's claim flags / the deterministic turn counters: one per query tile,
+        # allocated without a fill (the compiled backward's preprocess zeroes them; this stand-in does too)
+        if claim:
             claim_dq = extra.pop(0)
             assert claim_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and claim_dq.dtype == torch.int32
-            assert not claim_dq.any()
+            claim_dq.zero_()
         if plan["deterministic"]:
             sem_dq = extra.pop(0)
             assert sem_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and sem_dq.dtype == torch.int32
-            assert not sem_dq.any()
+            sem_dq.zero_()
             if plan["dkv_accum"]:
                 sem_dkv = extra.pop(0)
                 assert sem_dkv.shape == (b, h_kv, math.ceil(s_k / plan["tile_n"])) and sem_dkv.dtype == torch.int32
@@ -735,3 +737,22 @@ def test_the_zero_dlse_view_is_made_once_per_shape_and_stays_zero_after_growth(b
     for total in range(runtime.DLSE_VIEWS + 1):
         assert not op._zero_dlse((1, 4, total + 1), cpu).any()
     assert len(op._dlse_views) <= runtime.DLSE_VIEWS
+
+
+@pytest.mark.parametrize("tile_m", [64, 80, 128])
+def test_the_preprocess_zeroes_every_query_tiles_flag_once(tile_m):
+    """The dense preprocess's row blocks zero the claim flags / turn counters (fa4gen/device/bwd.py
+    `_zero_tile_flags`, spelled out here per thread): over the grid of ceil(q_tiles * tile_m / ROWS_PER_CTA)
+    blocks every query tile's entry is written exactly once and nothing past the last tile. A missed entry
+    would leave a turn counter uninitialised (a deterministic backward waiting forever) or a claim flag set."""
+    from fa4gen.device.bwd import ROWS_PER_CTA
+
+    for q_tiles in range(1, 40):
+        written = []
+        for blk in range(-(-q_tiles * tile_m // ROWS_PER_CTA)):
+            first = blk * ROWS_PER_CTA
+            for tidx in range(ROWS_PER_CTA // tile_m + 1):
+                tile = (first + tile_m - 1) // tile_m + tidx
+                if tile * tile_m < first + ROWS_PER_CTA and tile < q_tiles:
+                    written.append(tile)
+        assert sorted(written) == list(range(q_tiles)), (tile_m, q_tiles)

@@ -720,11 +720,12 @@ class ForwardOp:
                    torch.empty((b, h, q_tiles * plan["tile_m"] * q.shape[-1]), **f32)]
         if plan["dkv_accum"]:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
+        # the claim flags / turn counters: one per query tile, zeroed by the backward's preprocess kernel
         if plan.get("dq_claim", False):  # (lock files written before session 22 lack the field)
-            tensors.append(torch.zeros((b, h, q_tiles), **i32))  # claim_dq: a flag per query tile
+            tensors.append(torch.empty((b, h, q_tiles), **i32))  # claim_dq: a flag per query tile
         if plan["deterministic"]:
             k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)
-            tensors.append(torch.zeros((b, h, q_tiles), **i32))  # sem_dq
+            tensors.append(torch.empty((b, h, q_tiles), **i32))  # sem_dq
             if plan["dkv_accum"]:
                 tensors.append(torch.zeros((b, h_kv, k_tiles), **i32))  # sem_dkv
         if packed is not None:

@@ -14,6 +14,7 @@ deterministic hand-off's turn 0).
 """
 
 import math
+from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
@@ -53,28 +54,36 @@ class Preprocess:
     False it also zeroes the fp32 dQ accumulator, so no separate fill runs before the main kernel. The
     accumulator is (batch, heads, n) with n a multiple of head_dim and n / head_dim >= seqlen_q (its tiles
     padded, in whatever order the main kernel keeps them): the grid covers n / head_dim rows of head_dim
-    floats."""
+    floats.
 
-    def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True):
+    `mSem` (the non-deterministic claim flags or the deterministic turn counters, one int32 per query tile of
+    `tile_m` rows: (batch, heads, tiles), or None) is zeroed here too, so the runtime allocates it without a
+    fill of its own (a `torch.zeros` was a launch and ~9 us of host time per backward on the H200, session 28):
+    the main kernel, launched after this one on the same stream, reads it from zero as before."""
+
+    def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True, tile_m: int = 0):
         self.head_dim_v = head_dim_v
         self.head_dim = head_dim
         # False: the main kernel stores each query tile's first dQ chunks (the deterministic hand-off)
         self.zero_dq = zero_dq
+        self.tile_m = tile_m  # the query tile of mSem's entries (needed only with mSem)
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, stream):
+                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mSem: Optional[cute.Tensor], stream):
         acc_rows = mdQacc.shape[2] // self.head_dim
-        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc).launch(
+        self.kernel(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mSem).launch(
             grid=(cute.ceil_div(acc_rows, ROWS_PER_CTA), mO.shape[2], mO.shape[0]), block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-               mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor):
+               mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mSem: Optional[cute.Tensor]):
         batch, head, row, lane4 = _thread_row()
         blk, _, _ = cute.arch.block_idx()
         first = blk * ROWS_PER_CTA
+        if cutlass.const_expr(mSem is not None):
+            _zero_tile_flags(mSem, batch, head, first, self.tile_m)
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - first, ROWS_PER_CTA)
         zero = (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA) if self.zero_dq else None
         _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, batch, head, row, row, row < mO.shape[1],
@@ -87,26 +96,31 @@ class PreprocessVarlen(Preprocess):
     one CTA per (tile, head), ROWS_PER_CTA rows per pass; a tile's rows past its sequence get 0 / +inf."""
 
     def __init__(self, head_dim_v: int, head_dim: int, tile_m: int, zero_dq: bool = True):
-        super().__init__(head_dim_v, head_dim, zero_dq)
-        self.tile_m = tile_m
+        super().__init__(head_dim_v, head_dim, zero_dq, tile_m)
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor, stream):
+                 mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor,
+                 mSem: Optional[cute.Tensor], stream):
         tiles = mLSE2.shape[2] // self.tile_m
-        self.kernel_tiles(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ).launch(
+        self.kernel_tiles(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ, mSem).launch(
             grid=(tiles, mO.shape[2], 1), block=[THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
     def kernel_tiles(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
-                     mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor):
+                     mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor, mCuQ: cute.Tensor,
+                     mSem: Optional[cute.Tensor]):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, _ = cute.arch.block_idx()
         total = mO.shape[1]
         seq, m_block, owned = varlen.tile_of_owned(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
-        # a spare tile (past every sequence) has no rows: nobody reads its LSE2 / D rows or accumulator chunks
+        # a spare tile (past every sequence) has no rows: nobody reads its LSE2 / D rows or accumulator chunks,
+        # nor its mSem entry (no key block reaches it; the dQ conversion's spare tiles only zero rows)
         varlen.leave_if_spare(tile, owned)
+        if cutlass.const_expr(mSem is not None):
+            if tidx == 0:
+                mSem[0, head, tile] = Int32(0)
         offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - tile * self.tile_m, self.tile_m)
         for p in cutlass.range_constexpr((self.tile_m + ROWS_PER_CTA - 1) // ROWS_PER_CTA):
@@ -123,6 +137,19 @@ class PreprocessVarlen(Preprocess):
                 zero = (mdQacc, 0, head, tile * self.tile_m, rows, self.head_dim, self.tile_m)
             _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, 0, head, offset + r, dst,
                             r < seqlen and i < self.tile_m, tidx % 4, 4, zero)
+
+
+@cute.jit
+def _zero_tile_flags(mSem: cute.Tensor, batch: Int32, head: Int32, first: Int32, tile_m: cutlass.Constexpr[int]):
+    """Zero the (batch, head) entries of mSem (one per query tile of tile_m rows) whose tile starts within
+    rows [first, first + ROWS_PER_CTA): thread i takes the i-th such tile. The dense grid's row blocks cover
+    every tile's first row (the accumulator holds whole tiles), so each entry is zeroed by exactly one CTA."""
+    tidx, _, _ = cute.arch.thread_idx()
+    tile = (first + tile_m - 1) // tile_m + tidx
+    if tidx < ROWS_PER_CTA // tile_m + 1:
+        if tile * tile_m < first + ROWS_PER_CTA:
+            if tile < mSem.shape[2]:
+                mSem[batch, head, tile] = Int32(0)
 
 
 @cute.jit

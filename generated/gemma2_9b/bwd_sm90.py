@@ -106,7 +106,10 @@ class FlashBwdSm90:
         scale_log2: Float32, softcap_pre: Float32, grad_scale: Float32, window_left: Int32, window_right: Int32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True, tile_m=TILE_M)(
+            mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, None, stream
+        )
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,

@@ -108,7 +108,10 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False)(mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, stream)
+        # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False, tile_m=TILE_M)(
+            mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mSemQ, stream
+        )
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mdKacc, mdVacc,

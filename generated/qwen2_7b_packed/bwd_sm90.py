@@ -110,7 +110,7 @@ class FlashBwdSm90:
     ):
         # LSE2 / D / the dQ accumulator padded per query tile of every sequence
         bwd.PreprocessVarlen(HEAD_DIM_V, HEAD_DIM, TILE_M, zero_dq=False)(
-            mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ, stream
+            mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mCuQ, mSemQ, stream
         )
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
