@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import fa4gen
-from fa4gen.api.runtime import LOG2_E
+from fa4gen.api.runtime import LOG2_E, Packed
 from fa4gen.reference import attention_ref, attention_ref_grads, error_budget, visible
 
 # --- reference gradients ---------------------------------------------------------------------------
@@ -661,6 +661,24 @@ def test_backward_refuses_a_dq_accumulator_past_32_bit_offsets():
     with pytest.raises(ValueError, match=r"q: the backward supports up to 8388607 query rows .* head_dim 256"):
         check_dq_accumulator(2**31 // 256, 256)
 
+
+
+def test_a_packed_backward_past_the_int32_grid_is_refused_by_name(build_pkg, monkeypatch):
+    """The packed backward numbers (key tile, head) in one int32 blockIdx.x: a call with more is refused
+    before anything is allocated (stride-0 inputs stand for the rows)."""
+    pkg = build_pkg(name="vl_grid", dtype="bf16", head_dim=32, varlen=True)
+    op = pkg._forward
+    monkeypatch.setattr(op, "_check_devices", lambda device, named: None)
+    monkeypatch.setattr(op, "arch_for", lambda device: "sm90")
+    tile_n, heads = op.bwd_plans["sm90"]["tile_n"], 4096
+    rows = (2**31 // heads - 1) * tile_n  # with the one sequence's extra tile: past 2**31 - 1 CTAs
+    big = torch.zeros(1, 1, 32, dtype=torch.bfloat16).expand(rows, heads, 32)
+    lse = torch.zeros(1, 1).expand(heads, rows)
+    cu = torch.tensor([0, rows], dtype=torch.int32)
+    packed = Packed.check(op.name, True, cu, cu, rows, None)
+    packed.resolve(rows, rows)
+    with pytest.raises(ValueError, match=r"k: a packed backward launches one CTA per \(key tile"):
+        op.backward(big, big, big, big, big, lse, None, softmax_scale=1.0, packed=packed)
 
 
 def test_varlen_boundaries_changed_in_place_before_the_backward_are_refused(build_pkg, monkeypatch):

@@ -70,11 +70,16 @@ def test_malformed_offsets_stay_inside_the_packed_tensor():
 
 @pytest.mark.parametrize("lengths", CASES, ids=range(len(CASES)))
 @pytest.mark.parametrize("descending", [False, True])
-def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, descending):
-    """The packed backward's prologue (`key_tile_sequence`: the key-tile scan with each lane's query bounds and
-    seqused_k loaded beside its key bounds) against the three lookups it replaces: tile_of_owned over the key
-    tiles, the sequence's bounds, and tiles_before over the query tiles. Queries and keys packed differently
-    (cross-attention), seqused_k on and off, malformed offsets too (they are clamped, not checked)."""
+@pytest.mark.parametrize("heads", [1, 3])
+def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, descending, heads):
+    """The packed backward's prologue (`key_tile_sequence`: one linear CTA index over (sequence, head, key tile),
+    decoded by the key-tile scan with each lane's query bounds and seqused_k loaded beside its key bounds)
+    against the lookups it replaces: tile_of_owned over the key tiles, the sequence's bounds, and tiles_before
+    over the query tiles. Every (sequence, head, key tile) gets exactly one CTA; one head's key tiles of one
+    sequence are consecutive CTAs in tile_of's order; heads of one sequence follow each other (the GQA dK/dV
+    turns and the deterministic dQ turns wait only for CTAs launched earlier); every spare CTA comes after every
+    owning one. Queries and keys packed differently (cross-attention), seqused_k on and off, malformed offsets
+    too (they are clamped, not checked)."""
     rng = random.Random(len(lengths) * 7 + descending)
     b = len(lengths)
     cu_k = _cu(lengths)
@@ -84,14 +89,23 @@ def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, desc
     total_q, total_k = max(cu_q[-1], 1), cu_k[-1]
     used = [rng.randint(-3, n + 3) for n in lengths]
     tile_n, tile_m = 128, 80
+    grid = (-(-total_k // tile_n) + b) * heads
     for seqused in (None, used):
-        for t in range(-(-total_k // tile_n) + b):
-            got = tiling.key_tile_sequence(cu_q, cu_k, seqused, b, total_q, total_k, t, tile_n, tile_m, descending)
-            s, n, owned = tiling.tile_of_owned(cu_k, b, total_k, t, tile_n, descending)
-            assert got[:3] == (s, n, owned)
-            if t >= owned:  # spare: the CTA leaves, its sequence values unused
+        seen, order = set(), []
+        for cta in range(grid):
+            got = tiling.key_tile_sequence(cu_q, cu_k, seqused, b, total_q, total_k, cta, heads, tile_n, tile_m,
+                                           descending)
+            s, n_block, head, key_tile, owned = got[:5]
+            if cta >= owned * heads:  # spare: the CTA leaves, its other values unused
                 continue
+            assert tiling.tile_of_owned(cu_k, b, total_k, key_tile, tile_n, descending) == (s, n_block, owned)
+            assert 0 <= head < heads and (s, head, key_tile) not in seen
+            seen.add((s, head, key_tile))
+            order.append((s, head, key_tile))
             oq, lq = tiling.sequence_bounds(cu_q, s, total_q)
             ok, lk = tiling.sequence_bounds(cu_k, s, total_k)
             lk = lk if seqused is None else min(max(seqused[s], 0), lk)
-            assert got[3:] == (oq, lq, ok, lk, tiling.tiles_before(cu_q, s, total_q, tile_m)), (t, s)
+            assert got[5:] == (oq, lq, ok, lk, tiling.tiles_before(cu_q, s, total_q, tile_m)), (cta, s)
+        owned = tiling.tile_of_owned(cu_k, b, total_k, 0, tile_n, descending)[2]
+        assert len(order) == owned * heads  # every (key tile, head) once, all before the spare CTAs
+        assert order == sorted(order)  # sequence, then head, then key tile: consecutive in tile_of's order

@@ -668,8 +668,6 @@ class ForwardOp:
         else:
             (b, s_q, h, _), (s_k, h_kv) = q.shape, k.shape[1:3]
             lse_shape, seqlens = (b, h, s_q), (s_q, s_k)
-        dout = self._check_grad("dout", dout, tuple(out.shape), out.dtype, q.device)
-        dlse = self._check_grad("dlse", dlse, lse_shape, torch.float32, q.device)
         arch = self.arch_for(q.device)
         plan = self.bwd_plans.get(arch)
         if plan is None:
@@ -678,6 +676,12 @@ class ForwardOp:
                 f"{sorted(self.bwd_plans) or 'no arch'}); run the training step on a GPU of those archs",
                 RuntimeError,
             )
+        if packed is not None and (-(-s_k // plan["tile_n"]) + packed.batch) * h >= 2**31:
+            # the packed main kernel numbers (key tile, head) in one int32 blockIdx.x
+            _fail(f"k: a packed backward launches one CTA per (key tile of {plan['tile_n']} rows, head): "
+                  f"{s_k} key rows in {packed.batch} sequences over {h} heads exceed 2**31 - 1 of them")
+        dout = self._check_grad("dout", dout, tuple(out.shape), out.dtype, q.device)
+        dlse = self._check_grad("dlse", dlse, lse_shape, torch.float32, q.device)
         scale = self._scale(softmax_scale, plan)
         args = self._backward_args(plan, scale, window, chunk_size, seqlens=seqlens)
         if (dout is None and dlse is None) or q.numel() == 0 or k.numel() == 0:

@@ -168,23 +168,37 @@ def leave_if_spare(tile: Int32, owned: Int32):
 
 @cute.jit
 def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, seqused_k: cute.Tensor, num_seqs: Int32,
-                      total_q: Int32, total_k: Int32, tile: Int32, use_seqused: Int32,
+                      total_q: Int32, total_k: Int32, cta: Int32, heads: Int32, use_seqused: Int32,
                       tile_n: cutlass.Constexpr[int], tile_m: cutlass.Constexpr[int],
                       descending: cutlass.Constexpr[bool]):
-    """A packed backward CTA's key tile and everything it needs of its sequence, from one scan whose loads
-    all go out together: (seq, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) =
-    `tile_of_owned(cu_seqlens_k, num_seqs, total_k, tile, tile_n, descending)`, then `sequence(...)` of that
-    sequence and its first query tile (the query tiles, of `tile_m` rows, of the sequences before it).
+    """A packed backward CTA's (key tile, head) and everything it needs of its sequence, from one scan whose loads
+    all go out together: (seq, n_block, head, key_tile, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0).
+
+    The grid is one linear index `cta` over (sequence, head, key tile of the sequence), the key tile fastest:
+    sequence s, which owns count_s key tiles of `tile_n` rows after the `before_s` tiles of the sequences before
+    it, takes the CTAs [before_s * heads, (before_s + count_s) * heads), head h of it the count_s CTAs from
+    before_s * heads + h * count_s. So one head's key tiles of one sequence launch side by side (they read the same
+    query rows, dO, LSE and D: shared in L2) and every CTA from `owned * heads` on is spare (the grid is an upper
+    bound, ceil(total_k / tile_n) + num_seqs tiles per head): those launch after every CTA that owns keys, where
+    with the heads in blockIdx.y each head's spare tiles took an SM in every wave. (flash-attn-4's varlen
+    scheduler numbers its tiles sequence by sequence with the heads inside too.) `key_tile` is the tile's number
+    in `tile_of_owned`'s key-tile numbering (before_s + the tile's rank in its sequence): unique per (sequence,
+    key block), the GQA dK/dV semaphore's index; `n_block` is that rank, last first with `descending`; `owned`
+    the key tiles all sequences own; then `sequence(...)` of s and its first query tile (the query tiles, of
+    `tile_m` rows, of the sequences before it).
 
     As in `tile_of_owned`, every warp scans the sequences 32 at a time; each lane loads its sequence's key and
     query bounds (and seqused_k) at once, so the CTA waits for memory once before its first TMA load, where a
     scan followed by loads of the sequence found waited twice (one CTA per SM: that wait was exposed in every
     wave; the session 28 profile of 32 x 512 tokens put the packed backward 30 us behind the dense one, its extra
     instructions in this prologue). The owner lane's values are shuffled to the warp; the query tiles before it
-    are an exclusive prefix sum beside the key tiles' one."""
+    are an exclusive prefix sum beside the key tiles' one. `heads` * (tiles + num_seqs) must stay below 2**31
+    (the runtime refuses larger calls)."""
     lane = cute.arch.lane_idx()
     seq = num_seqs - 1
-    n_block = tile  # past any sequence's end unless found below
+    n_block = cta  # past any sequence's end unless found below
+    head = Int32(0)
+    key_tile = cta
     base = Int32(0)  # key tiles of the chunks already scanned
     q_base = Int32(0)  # query tiles of the chunks already scanned
     offset_q = Int32(0)
@@ -202,14 +216,19 @@ def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, sequ
         q_count = (lq + tile_m - 1) // tile_m
         incl = _warp_inclusive_sum(count)
         q_incl = _warp_inclusive_sum(q_count)
-        hits = cute.arch.vote_ballot_sync(base + incl > tile)
+        hits = cute.arch.vote_ballot_sync((base + incl) * heads > cta)
         if hits != 0:
-            if base <= tile:  # only the chunk holding the tile (earlier chunks passed it already)
+            if base * heads <= cta:  # only the chunk holding the CTA (earlier chunks passed it already)
                 first = _lowest_lane(hits)
-                local = tile - base - cute.arch.shuffle_sync(incl - count, first)
+                before = base + cute.arch.shuffle_sync(incl - count, first)
+                owner_count = cute.arch.shuffle_sync(count, first)
+                rank = cta - before * heads  # in [0, owner_count * heads)
+                head = rank // owner_count
+                local = rank - head * owner_count
+                key_tile = before + local
                 seq = j + first
                 if cutlass.const_expr(descending):
-                    local = cute.arch.shuffle_sync(count, first) - 1 - local
+                    local = owner_count - 1 - local
                 n_block = local
                 offset_q = cute.arch.shuffle_sync(oq, first)
                 seqlen_q = cute.arch.shuffle_sync(lq, first)
@@ -218,4 +237,4 @@ def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, sequ
                 q_tile0 = q_base + cute.arch.shuffle_sync(q_incl - q_count, first)
         base = base + cute.arch.shuffle_sync(incl, 31)
         q_base = q_base + cute.arch.shuffle_sync(q_incl, 31)
-    return seq, n_block, base, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0
+    return seq, n_block, head, key_tile, base, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0

@@ -258,12 +258,13 @@ def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> in
 
 
 def key_tile_sequence(cu_q: list[int], cu_k: list[int], seqused_k: list[int] | None, num_seqs: int, total_q: int,
-                      total_k: int, tile: int, tile_n: int, tile_m: int, descending: bool) -> tuple:
-    """(seq, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) of linear key tile `tile` as
-    fa4gen/device/varlen.py's `key_tile_sequence` finds them in one scan: each lane holds its sequence's key
-    and query bounds (seqused_k: None = not used), inclusive prefix sums of both tile counts, the first lane
-    past `tile`, its values shuffled out and the query tiles before it as the exclusive prefix."""
-    seq, n_block, base, q_base = num_seqs - 1, tile, 0, 0
+                      total_k: int, cta: int, heads: int, tile_n: int, tile_m: int, descending: bool) -> tuple:
+    """(seq, n_block, head, key_tile, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) of linear backward
+    CTA `cta` as fa4gen/device/varlen.py's `key_tile_sequence` finds them in one scan: each lane holds its
+    sequence's key and query bounds (seqused_k: None = not used), inclusive prefix sums of both tile counts, the
+    first lane whose (tiles so far) x heads passes `cta`, the head and key tile from the CTA's rank in that
+    sequence's block, its values shuffled out and the query tiles before it as the exclusive prefix."""
+    seq, n_block, head, key_tile, base, q_base = num_seqs - 1, cta, 0, cta, 0, 0
     found = (0, 0, 0, 0, 0)
     for j in range(0, num_seqs, 32):
         lanes = []
@@ -278,13 +279,16 @@ def key_tile_sequence(cu_q: list[int], cu_k: list[int], seqused_k: list[int] | N
         counts = [(lk + tile_n - 1) // tile_n for _, _, _, lk, _ in lanes]
         q_counts = [(lq + tile_m - 1) // tile_m for _, lq, _, _, _ in lanes]
         incl, q_incl = _scan_up(counts), _scan_up(q_counts)
-        first = _first_past(incl, base, tile)
-        if first is not None:
-            local = tile - base - (incl[first] - counts[first])
+        hits = [(base + incl[lane]) * heads > cta for lane in range(32)]
+        if any(hits) and base * heads <= cta:
+            first = hits.index(True)
+            before = base + incl[first] - counts[first]
+            head, local = divmod(cta - before * heads, counts[first])
+            key_tile = before + local
             seq = j + first
             n_block = counts[first] - 1 - local if descending else local
             oq, lq, ok, _, used = lanes[first]
             found = (oq, lq, ok, used, q_base + q_incl[first] - q_counts[first])
         base += incl[31]
         q_base += q_incl[31]
-    return (seq, n_block, base) + found
+    return (seq, n_block, head, key_tile, base) + found

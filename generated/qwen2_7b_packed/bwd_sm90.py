@@ -209,8 +209,9 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        # every sequence's key tiles, numbered back to back: at most ceil(total / TILE_N) + sequences
-        grid = (cute.ceil_div(total_k, TILE_N) + cute.size(mCuQ.shape[0]) - 1, cute.size(mQ.shape[2]), 1)
+        # every sequence's key tiles, numbered back to back: at most ceil(total / TILE_N) + sequences, for every
+        # head, in one linear blockIdx.x, sequence by sequence, head by head within one (varlen.key_tile_sequence)
+        grid = ((cute.ceil_div(total_k, TILE_N) + cute.size(mCuQ.shape[0]) - 1) * cute.size(mQ.shape[2]), 1, 1)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdKacc, tma_dv, mdVacc, sdKacc_layout, sdVacc_layout,
@@ -239,21 +240,23 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32, use_seqused: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head, batch = cute.arch.block_idx()
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
-        # blockIdx.x numbers the key tiles of all sequences back to back
-        key_tile = n_block  # unique per (sequence, key block): the GQA dK/dV semaphore's index
-        # with the sequence's rows and its first query tile in the packed numbering (the dQ accumulator's chunks
-        # and the deterministic mode's semaphores are per packed query tile): every load in one round trip
-        batch, n_block, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0 = varlen.key_tile_sequence(
-            mCuQ, mCuK, mSeqUsedK, cute.size(mCuK.shape[0]) - 1, total_q, total_k, key_tile, use_seqused,
-            TILE_N, TILE_M, False
+        # one linear blockIdx.x over (sequence, head, key tile): decoded by the scan below
+        cta, _, _ = cute.arch.block_idx()
+        # blockIdx.x numbers each sequence's key tiles head by head, sequence after sequence
+        # (spare CTAs last); with the sequence's rows and its first query tile in the packed numbering (the dQ
+        # accumulator's chunks and the deterministic mode's semaphores are per packed query tile): every load in
+        # one round trip. key_tile is unique per (sequence, key block): the GQA dK/dV semaphore's index
+        batch, n_block, head, key_tile, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0 = varlen.key_tile_sequence(
+            mCuQ, mCuK, mSeqUsedK, cute.size(mCuK.shape[0]) - 1, total_q, total_k, cta, cute.size(mQ.shape[2]),
+            use_seqused, TILE_N, TILE_M, False
         )
-        # a key tile past every sequence (the grid is an upper bound) owns no keys: no query block visits it, no
-        # turn or claim waits for it, it stores nothing, so the CTA leaves before any set-up
-        varlen.leave_if_spare(key_tile, owned)
+        # a CTA past every sequence's key tiles (the grid is an upper bound) owns no keys: no query block visits
+        # it, no turn or claim waits for it, it stores nothing, so it leaves before any set-up
+        varlen.leave_if_spare(cta, owned * cute.size(mQ.shape[2]))
         batch = cute.arch.make_warp_uniform(batch)
         n_block = cute.arch.make_warp_uniform(n_block)
+        head = cute.arch.make_warp_uniform(head)
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
         mQ_s = varlen.sequence_rows(mQ, offset_q, seqlen_q, 0)[None, None, head]
         mdO_s = varlen.sequence_rows(mdO, offset_q, seqlen_q, 0)[None, None, head]
         mdQacc_h = mdQacc[0, head, None]
