@@ -9,7 +9,8 @@
 #                call stopped by its timeout still returns each finished run and the last one's finished
 #                cells (ab_compare.py reads those too) in one file: a call returns at most 8 files)
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
-#                prints each run's markdown table in place of the comparison; bench_fwd.py runs with
+#                prints each run's markdown table in place of the comparison (AB_SCRIPT=bwd_profile.py: the
+#                main-kernel table of tools/profile_compare.py instead); bench_fwd.py runs with
 #                --skip cudnn,sdpa_flash (the comparison reads fa4gen and flash-attn-4 only; AB_ALL=1 times all)
 #                and, before the rounds, both sides' fa4gen kernels are compiled in parallel processes
 #                (bench_fwd.py --prebuild N --prebuild-only, half the cores per side; AB_NO_PREBUILD=1 skips it)
@@ -85,6 +86,9 @@ case "${1:-}" in
     done
     if [[ $script == bench_fwd.py ]]; then
       python3 "$root/tools/ab_compare.py" "$out"
+    elif [[ $script == bwd_profile.py ]]; then
+      join() { local IFS=,; echo "$*"; }
+      python3 "$root/tools/profile_compare.py" "$(join "$out"/new_*/)" "$(join "$out"/ref_*/)" --markdown "$out/ab.md"
     else
       for md in "$out"/*_*/*.md; do echo "== $md"; cat "$md"; done
     fi
