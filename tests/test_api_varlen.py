@@ -185,3 +185,95 @@ def test_postprocess_spare_tiles_zero_every_padding_row_once():
                     zeroed += [r for r in range(r0, r0 + tile_m) if r < total]
         assert grid > owned, (cu, total)
         assert sorted(zeroed) == list(range(cu[-1], total)), (cu, total)
+
+
+def _recording(pkg, monkeypatch):
+    """The package's launches recorded (device checks and arch stubbed, the kernel a no-op on CPU tensors), and
+    its full checks (validate) counted."""
+    op, seen = pkg._forward, {"validate": 0, "launches": []}
+    validate = op.validate
+
+    def counted(*a, **kw):
+        seen["validate"] += 1
+        return validate(*a, **kw)
+
+    monkeypatch.setattr(op, "_check_devices", lambda device, named: None)
+    monkeypatch.setattr(op, "arch_for", lambda device: "sm90")
+    monkeypatch.setattr(op, "validate", counted)
+    monkeypatch.setattr(op, "function", lambda plan: plan["module"])
+    monkeypatch.setattr(op, "_launch", lambda fn, device, args: seen["launches"].append((fn, list(args))))
+    return seen
+
+
+def _same_launch(a, b) -> bool:
+    """Two recorded launches pass the same kernel, tensors of the same shapes, strides and dtypes (the inputs
+    and sequence tensors the same storage) and the same run-time arguments."""
+    (fa, xs), (fb, ys) = a, b
+    if fa != fb or len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if isinstance(x, torch.Tensor) != isinstance(y, torch.Tensor):
+            return False
+        if isinstance(x, torch.Tensor):
+            if (x.shape, x.stride(), x.dtype) != (y.shape, y.stride(), y.dtype):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def test_a_repeated_unchecked_packed_call_replays_the_launch(pkg, monkeypatch):
+    """Packed calls whose values the caller vouches for (max_seqlen_q given, no read-back) take the signature
+    cache as batched ones do (ForwardOp._replay): the second call of a signature skips every check and
+    launches exactly what the full path launched (the inputs and the call's own sequence tensors, one batch of
+    extent 1), and anything the checks depend on — the sequence tensors' shapes, dtypes, the maxima, seqused_k,
+    an input's shape — misses it. Calls without max_seqlen_q (their values checked every call) and
+    non-contiguous sequence tensors (launched as copies) never use it; a bad sequence tensor is still named."""
+    seen = _recording(pkg, monkeypatch)
+    q, k, v = _packed()
+    kw = dict(GOOD, max_seqlen_q=6)
+    out, lse = pkg.attention(q, k, v, return_lse=True, **kw)
+    assert seen["validate"] == 1 and len(pkg._forward._calls) == 1
+    # new sequence values of the same shape, new inputs: the replay launches the call's own tensors
+    cu_q, cu_k = _i32([0, 3, 10]), _i32([0, 7, 12])
+    q2, k2, v2 = _packed()
+    out2, lse2 = pkg.attention(q2, k2, v2, return_lse=True, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=6)
+    assert seen["validate"] == 1
+    first, again = seen["launches"]
+    assert _same_launch(first, again)
+    tensors = again[1]
+    assert [t.data_ptr() for t in tensors[:3]] == [t.data_ptr() for t in (q2, k2, v2)]
+    assert tensors[3].data_ptr() == out2.data_ptr() and tensors[4].data_ptr() == lse2.data_ptr()
+    assert tensors[5] is cu_q and tensors[6] is cu_k and tensors[7] is cu_k  # no seqused_k: cu_k stands in
+    assert out2.shape == out.shape and lse2.shape == lse.shape and out2.data_ptr() != out.data_ptr()
+    # without return_lse: its own key; then the scratch LSE
+    pkg.attention(q, k, v, **kw)
+    pkg.attention(q, k, v, **kw)
+    assert seen["validate"] == 2
+    # what the checks depend on changes: the full path again
+    misses = [
+        dict(GOOD, max_seqlen_q=7),
+        dict(GOOD, max_seqlen_q=6, max_seqlen_k=12),
+        dict(cu_seqlens_q=_i32([0, 4, 8, 10]), cu_seqlens_k=_i32([0, 6, 9, 12]), max_seqlen_q=6),
+        dict(GOOD, max_seqlen_q=6, seqused_k=_i32([5, 6])),
+    ]
+    for i, m in enumerate(misses):
+        pkg.attention(q, k, v, return_lse=True, **m)
+        assert seen["validate"] == 3 + i, m
+    pkg.attention(*_packed(tq=11), return_lse=True, **kw)
+    assert seen["validate"] == 7
+    # a bad value of a cached signature's type is still refused by name: True is not an int here
+    with pytest.raises(ValueError, match="^max_seqlen_q: expected None or an int"):
+        pkg.attention(q, k, v, return_lse=True, **dict(GOOD, max_seqlen_q=True))
+    with pytest.raises(TypeError, match="^cu_seqlens_q: expected a 1-D int32 tensor"):
+        pkg.attention(q, k, v, return_lse=True, cu_seqlens_q=GOOD["cu_seqlens_q"].long(),
+                      cu_seqlens_k=GOOD["cu_seqlens_k"], max_seqlen_q=6)
+    # checked calls (values read back every call) and strided sequence tensors: the full path every time
+    n = seen["validate"]
+    for _ in range(2):
+        pkg.attention(q, k, v, return_lse=True, **GOOD)
+    strided = _i32([0, 9, 4, 9, 10, 9])[::2]
+    for _ in range(2):
+        pkg.attention(q, k, v, return_lse=True, cu_seqlens_q=strided, cu_seqlens_k=GOOD["cu_seqlens_k"],
+                      max_seqlen_q=6)
+    assert seen["validate"] == n + 4

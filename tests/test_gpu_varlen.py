@@ -150,6 +150,38 @@ def test_varlen_matches_reference(name):
             assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{where}: LSE mismatch"
 
 
+def test_varlen_repeated_unchecked_calls_replay_with_new_sequences():
+    """Packed calls with max_seqlen_q given take the signature cache from their second call (ForwardOp._replay,
+    packed_key): each call's output is still its own inputs' attention over its own sequence boundaries — the
+    same shapes, other cu_seqlens values each time — within the forward's rule, with and without return_lse
+    (the latter writing its LSE into the scratch buffer), and the package holds one key per form."""
+    name = sorted(VARIANTS)[0]
+    pkg = _package(name)
+    op, spec = pkg._forward, pkg._forward.spec
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
+    h, h_kv = HEADS
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    sem = _semantics(pkg)
+    op._calls.clear()
+    for lq in ([100, 60, 96], [3, 200, 53], [128, 128, 0]):  # 256 tokens in 3 sequences each time
+        q = torch.randn(256, h, spec["head_dim"], device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(256, h_kv, spec["head_dim"], device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(256, h_kv, spec["head_dim_v"], device="cuda", dtype=dtype, generator=gen)
+        cu = _cu(lq)
+        out, lse = pkg.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200, return_lse=True)
+        alone = pkg.attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=200)
+        torch.cuda.synchronize()
+        ref, ref_lse = attention_ref_varlen(q, k, v, cu, cu, **sem)
+        low, _ = attention_ref_varlen(q, k, v, cu, cu, upcast=False, **sem)
+        budget = 2 * (low.float() - ref).abs().max().item() + 1e-5
+        for got in (out, alone):
+            err = (got.float() - ref).abs().max().item()
+            assert err <= budget, f"{name} lengths {lq}: max error {err:.3g} > budget {budget:.3g}"
+        fin = ~ref_lse.isinf()
+        assert torch.allclose(lse[fin], ref_lse[fin], atol=1e-3, rtol=1e-4), f"{name} lengths {lq}: LSE mismatch"
+    assert len(op._calls) == 2  # one key with return_lse, one without
+
+
 def test_varlen_rows_are_independent_of_their_neighbours():
     """A sequence's output does not depend on what is packed around it: the same sequence alone and
     between two others gives bitwise the same rows (the kernel never reads across a boundary)."""

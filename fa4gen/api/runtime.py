@@ -101,6 +101,7 @@ class CachedCall(NamedTuple):
     lse_shape: tuple | None  # None: the kernel writes no LSE
     lse: torch.Tensor | None  # the scratch LSE a call that does not return it writes into, else None
     spans: tuple  # the extents of q, k, v and out (out= overlap checks)
+    packed: bool = False  # packed sequences: the tensors go in as one batch of extent 1, the sequence tensors after
 
 
 def _typed(x):
@@ -134,6 +135,27 @@ def call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out=None) -
             return None
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device,
             v.shape, v.stride(), v.dtype, v.device) + extra + given
+
+
+def packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k) -> tuple | None:
+    """What the checks of a packed call's sequence arguments depend on, for `call_key`'s cache: their tensors'
+    shapes, dtypes and devices and the typed maxima. Only calls that vouch for their values (max_seqlen_q given:
+    nothing is read back, as in training and flash_attn_varlen_func) with plain, contiguous tensors (launched
+    as given) have one; None for the others, which take the full path (a check of the values every call)."""
+    if max_seqlen_q is None or cu_seqlens_q is None or cu_seqlens_k is None:
+        return None
+    parts = []
+    for t in (cu_seqlens_q, cu_seqlens_k, seqused_k):
+        if t is None:
+            parts.append(None)
+            continue
+        if type(t) is not torch.Tensor or not t.is_contiguous():
+            return None
+        parts.append((t.shape, t.dtype, t.device))
+    try:
+        return ("packed", *parts, _typed(max_seqlen_q), _typed(max_seqlen_k))
+    except TypeError:
+        return None
 
 
 def extent(t: torch.Tensor) -> int:
@@ -416,12 +438,21 @@ class ForwardOp:
                                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
                                   max_seqlen_k=max_seqlen_k)
         key = None
-        if (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
-                and seqused_k is None and max_seqlen_k is None and self._pinned is None):
-            key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
+        if self._pinned is None:
+            if (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+                    and seqused_k is None and max_seqlen_k is None):
+                key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
+                seq = None
+            else:  # packed sequences whose values the caller vouches for: the same cache, the sequence tensors keyed
+                seq = packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
+                if seq is not None:
+                    key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
+                    key = None if key is None else key + seq
             hit = self._calls.get(key) if key is not None else None
             if hit is not None and not needs_grad(q, k, v):
-                res = self._replay(hit, q, k, v, out)
+                if seq is not None:
+                    seq = (cu_seqlens_q, cu_seqlens_k, seqused_k if seqused_k is not None else cu_seqlens_k)
+                res = self._replay(hit, q, k, v, out, seq)
                 if res is not None:
                     return res if return_lse else res[0]
         plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
@@ -441,11 +472,12 @@ class ForwardOp:
                                         lse_scratch=not return_lse)
         return (out, lse) if return_lse else out
 
-    def _replay(self, hit: CachedCall, q, k, v, out=None):
-        """A call whose signature (call_key) passed every check before: allocate and launch, nothing else.
-        None when a tensor's base address is not 16-byte aligned (the slow path copies an input and
-        names a misaligned out)."""
-        fn, args, out_shape, dtype, lse_shape, lse, spans = hit
+    def _replay(self, hit: CachedCall, q, k, v, out=None, seq: tuple | None = None):
+        """A call whose signature (call_key, with packed_key for packed sequences: `seq` holds the call's
+        cu_seqlens_q, cu_seqlens_k and seqused_k or its stand-in) passed every check before: allocate and
+        launch, nothing else. None when a tensor's base address is not 16-byte aligned (the slow path copies
+        an input and names a misaligned out)."""
+        fn, args, out_shape, dtype, lse_shape, lse, spans, packed = hit
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if qp % 16 or kp % 16 or vp % 16:
             return None
@@ -462,12 +494,12 @@ class ForwardOp:
             # out_shape None: q's shape and dtype (empty_like skips torch.empty's argument parsing, ~1 us)
             out = (torch.empty_like(q, memory_format=torch.contiguous_format) if out_shape is None
                    else torch.empty(out_shape, dtype=dtype, device=device))
-        if lse_shape is None:
-            self._launch(fn, device, [q, k, v, out, *args])
-            return out, None
-        if lse is None:  # returned to the caller: its own
+        if lse_shape is not None and lse is None:  # returned to the caller: its own
             lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-        self._launch(fn, device, [q, k, v, out, lse, *args])
+        tensors = [q, k, v, out] if lse_shape is None else [q, k, v, out, lse]
+        if packed:  # one batch of extent 1 whose rows the sequence tensors cut up, as `_forward` launches them
+            tensors = [t[None] for t in tensors] + list(seq)
+        self._launch(fn, device, tensors + args)
         return out, lse
 
     def _device_buffer(self, table: dict, retired: list, n: int, device: torch.device, make) -> torch.Tensor:
@@ -557,13 +589,14 @@ class ForwardOp:
             args.append(int(packed.seqused_k is not None))
         fn = self.function(plan)
         self._launch(fn, q.device, tensors + args)
-        if remember is not None and packed is None and all(a is b for a, b in zip((q, k, v), given)):  # none copied
+        # none copied (packed: remember is only given for contiguous sequence tensors, which Packed keeps as they are)
+        if remember is not None and all(a is b for a, b in zip((q, k, v), given)):
             if len(self._calls) >= CALL_CACHE_SIZE:
                 self._calls.clear()
             out_shape = None if out.shape == q.shape and out.dtype == q.dtype else tuple(out.shape)  # like q
             self._calls[remember] = CachedCall(fn, args, out_shape, out.dtype, None if lse is None else lse_shape,
                                                lse if lse_scratch else None,
-                                               (extent(q), extent(k), extent(v), extent(out)))
+                                               (extent(q), extent(k), extent(v), extent(out)), packed is not None)
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
