@@ -277,3 +277,38 @@ def test_a_repeated_unchecked_packed_call_replays_the_launch(pkg, monkeypatch):
         pkg.attention(q, k, v, return_lse=True, cu_seqlens_q=strided, cu_seqlens_k=GOOD["cu_seqlens_k"],
                       max_seqlen_q=6)
     assert seen["validate"] == n + 4
+
+
+def test_a_repeated_packed_training_call_skips_the_checks(tmp_path, monkeypatch):
+    """A packed call that records autograd, with max_seqlen_q given, keeps its checks' verdict per signature
+    (ForwardOp._grad_calls): the second call goes straight to AttentionFunction with the Packed that
+    Packed.check would have made (the call's own tensors and maxima, unresolved); a refused call (grad without a
+    backward) is refused every time."""
+    from fa4gen.api import runtime
+
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    train = fa4gen.build(dict(SPEC, name="varlen_probe_bwd", backward=True))
+    op = train._forward
+    seen = _recording(train, monkeypatch)
+    applied = []
+
+    def fake_apply(op_, q, k, v, scale, window, chunk_size, packed):
+        applied.append((scale, packed))
+        return torch.zeros(q.shape[0], q.shape[1], 64), torch.zeros(q.shape[1], q.shape[0])
+
+    monkeypatch.setattr(runtime.AttentionFunction, "apply", fake_apply)
+    q, k, v = (t.requires_grad_() for t in _packed())
+    for cu_q in (GOOD["cu_seqlens_q"], _i32([0, 2, 10])):
+        train.attention(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=GOOD["cu_seqlens_k"], max_seqlen_q=8)
+    assert seen["validate"] == 1 and len(op._grad_calls) == 1
+    (s1, p1), (s2, p2) = applied
+    assert s1 == s2 == pytest.approx(64 ** -0.5)
+    assert p2.cu_q.tolist() == [0, 2, 10] and p2.cu_k is GOOD["cu_seqlens_k"] and p2.seqused_k is None
+    assert (p2.max_seqlen_q, p2.max_seqlen_k, p2.checked) == (8, None, False) == (p1.max_seqlen_q, None, p1.checked)
+    # no backward in the spec: refused by name on every call, never kept
+    probe = fa4gen.build(dict(SPEC))
+    seen = _recording(probe, monkeypatch)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="requires grad but this spec has no backward"):
+            probe.attention(q, k, v, **GOOD, max_seqlen_q=8)
+    assert seen["validate"] == 2 and not probe._forward._grad_calls

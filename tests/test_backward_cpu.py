@@ -544,24 +544,51 @@ def test_calls_that_need_more_than_a_launch_take_the_full_path(build_pkg, monkey
     op = pkg._forward
     counts = _counting(FakeKernels(op).install(monkeypatch), monkeypatch)
     q, k, v = _inputs(pkg)
-    out = pkg.attention(q, k, v)  # requires grad: autograd, never the cache
+    out = pkg.attention(q, k, v)  # requires grad: autograd, never the launch cache (its own check cache)
     out.sum().backward()
     pkg.attention(q, k, v)
-    assert counts["validate"] == 2 and not op._calls
+    assert counts["validate"] == 1 and not op._calls and len(op._grad_calls) == 1
     qd, kd, vd = (t.detach() for t in (q, k, v))
     pkg.attention(qd, kd, vd)
-    assert counts["validate"] == 3 and len(op._calls) == 1
+    assert counts["validate"] == 2 and len(op._calls) == 1
     # a base address off 16 bytes: the slow path copies it (and the cache is not used for it)
     buf = torch.empty(qd.numel() + 1, dtype=qd.dtype)
     shifted = buf[1:].view(qd.shape).copy_(qd)
     assert shifted.stride() == qd.stride() and shifted.data_ptr() % 16
     torch.testing.assert_close(pkg.attention(shifted, kd, vd), pkg.attention(qd, kd, vd))
-    assert counts["validate"] == 4
+    assert counts["validate"] == 3
     # pinned kernels: the full path every time
     with op.pinned(op.plans["sm90"]["module"]):
         pkg.attention(qd, kd, vd)
         pkg.attention(qd, kd, vd)
-    assert counts["validate"] == 6
+    assert counts["validate"] == 5
+
+
+def test_a_repeated_training_call_skips_the_checks_not_autograd(build_pkg, monkeypatch):
+    """Calls that record autograd keep their checks' verdict per signature (ForwardOp._grad_calls, the same key as
+    the launch cache): from the second call on they go straight to AttentionFunction, whose forward allocates
+    and launches and whose backward still runs the kernels — gradients as the first call's; a call whose
+    signature changes, or that asks for something refused with autograd (out=), takes the full checks."""
+    pkg = build_pkg(**SPECS["causal"])
+    op = pkg._forward
+    counts = _counting(FakeKernels(op).install(monkeypatch), monkeypatch)
+    q, k, v = _inputs(pkg)
+    grads = []
+    for _ in range(3):
+        out, lse = pkg.attention(q, k, v, return_lse=True)
+        grads.append(torch.autograd.grad((out.float().sum() + lse.sum()), (q, k, v)))
+    assert counts["validate"] == 1 and len(op._grad_calls) == 1 and not op._calls
+    for first, again in zip(grads[0], grads[2]):
+        assert torch.equal(first, again)
+    pkg.attention(q, k, v)  # without return_lse: its own key
+    pkg.attention(q[:, :-1], k, v)  # another shape
+    assert counts["validate"] == 3
+    with pytest.raises(RuntimeError, match="^out: out= does not support autograd"):
+        pkg.attention(q, k, v, out=torch.empty_like(q))
+    assert counts["validate"] == 4
+    with torch.no_grad():  # the same signature without autograd: the launch cache, checked once for it
+        pkg.attention(q, k, v, return_lse=True)
+    assert counts["validate"] == 5
 
 
 def test_a_discarded_lse_goes_to_the_scratch_buffer(build_pkg, monkeypatch):

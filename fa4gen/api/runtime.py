@@ -313,6 +313,9 @@ class ForwardOp:
         self._pinned: str | None = None
         # call_key -> what a launch of that signature needs (see _replay): calls repeat their shapes
         self._calls: dict[tuple, CachedCall] = {}
+        # call_key (+ packed_key) -> the softmax scale of a signature whose autograd calls passed every check:
+        # a repeated training call goes straight to AttentionFunction (its forward allocates and launches)
+        self._grad_calls: dict[tuple, float] = {}
         # per device index, the fp32 LSE that calls without grad and without return_lse write into (the
         # kernels always write one when the package has a backward): a call that needs more grows it to
         # at least twice its size, and the old one is kept, not freed — a buffer a kernel may still be
@@ -448,13 +451,22 @@ class ForwardOp:
                 if seq is not None:
                     key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
                     key = None if key is None else key + seq
-            hit = self._calls.get(key) if key is not None else None
-            if hit is not None and not needs_grad(q, k, v):
-                if seq is not None:
-                    seq = (cu_seqlens_q, cu_seqlens_k, seqused_k if seqused_k is not None else cu_seqlens_k)
-                res = self._replay(hit, q, k, v, out, seq)
-                if res is not None:
-                    return res if return_lse else res[0]
+            if key is not None and needs_grad(q, k, v):
+                scale = self._grad_calls.get(key)
+                if scale is not None:  # a checked training signature (out= is refused with autograd: never here)
+                    packed = None
+                    if seq is not None:  # what Packed.check makes of contiguous tensors, left unresolved
+                        packed = Packed(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+                    out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
+                    return (out, lse) if return_lse else out
+            else:
+                hit = self._calls.get(key) if key is not None else None
+                if hit is not None:
+                    if seq is not None:
+                        seq = (cu_seqlens_q, cu_seqlens_k, seqused_k if seqused_k is not None else cu_seqlens_k)
+                    res = self._replay(hit, q, k, v, out, seq)
+                    if res is not None:
+                        return res if return_lse else res[0]
         plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
                                      return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
@@ -467,6 +479,10 @@ class ForwardOp:
             packed.resolve(q.shape[0], k.shape[0])
         if self.bwd_plans and needs_grad(q, k, v):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
+            if key is not None:  # (out= is refused with autograd: the result is never the caller's buffer)
+                if len(self._grad_calls) >= CALL_CACHE_SIZE:
+                    self._grad_calls.clear()
+                self._grad_calls[key] = scale
         else:
             out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key,
                                         lse_scratch=not return_lse)
