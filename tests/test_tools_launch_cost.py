@@ -94,6 +94,27 @@ def test_host_overhead_cpu_times_the_backward_call(tools_path, package, capsys):
     assert any("runtime.py" in line and "(backward)" in line for line in lines[1:])
 
 
+@pytest.mark.parametrize("package", ["llama3_8b", "qwen2_7b_packed"])
+def test_host_overhead_cpu_times_the_signature_caches(tools_path, package, capsys):
+    """tools/host_overhead_cpu.py --cache-ab: repeated calls (batched, and packed with max_seqlen_q) with the
+    signature caches against the full checks, without and with grad (both packages have a backward); the
+    cached calls really skip the checks (the caches hold the signature afterwards)."""
+    host_overhead_cpu = importlib.import_module("host_overhead_cpu")
+    op = importlib.import_module(f"generated.{package}")._forward
+    try:
+        assert host_overhead_cpu.main(["--package", package, "--cache-ab", "--calls", "20"]) == 0
+        assert len(op._calls) == 1 and len(op._grad_calls) == 1
+    finally:  # the committed package stays in sys.modules for later tests: its op unstubbed, its caches empty
+        for name in ("arch_for", "_check_devices", "function", "_launch"):
+            op.__dict__.pop(name, None)
+        op._calls.clear()
+        op._grad_calls.clear()
+    lines = capsys.readouterr().out.splitlines()
+    kind = "packed" if "packed" in package else "batched"
+    assert [line.split(":")[0] for line in lines] == [f"{package} ({kind}), no grad", f"{package} ({kind}), with grad"]
+    assert all("with the signature cache" in line and "with the full checks" in line for line in lines)
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_bwd_host_probe_times_every_piece(tools_path, monkeypatch, varlen):
     """tools/bwd_host_probe.py's rows on stubbed launches (CPU tensors, no sync): the step, the forward, the

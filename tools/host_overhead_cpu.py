@@ -12,6 +12,10 @@ the functions with the most own time: a short backward waits for all of it befor
 --alloc-ab times the replay (`ForwardOp._replay`, launch stubbed) with the output made like q (`empty_like`,
 the API's path when out has q's shape and dtype) against made from its shape (`torch.empty`), alternated in
 one process: this CPU's run-to-run spread (up to 2x) hides a 1 us difference between separate runs.
+--cache-ab times, alternated over 10 rounds in one process, a repeated call with the signature caches (the
+launch replay without grad, `ForwardOp._replay`; the checks' verdict with grad, `ForwardOp._grad_calls`) against
+the full checks every call (the cache cleared before each); packed sequences of 32 tokens, max_seqlen given,
+for a varlen package (packed calls have taken the caches since session 29).
 """
 
 import argparse
@@ -32,6 +36,8 @@ def main(argv=None) -> int:
                     help="also time the replay with the output made like q against made from its shape")
     ap.add_argument("--backward", action="store_true",
                     help="time the package's backward call (stubbed launch) instead of its forward")
+    ap.add_argument("--cache-ab", action="store_true",
+                    help="time repeated calls with the signature caches against the full checks, alternated")
     args = ap.parse_args(argv)
     pkg = importlib.import_module(f"generated.{args.package}")
     op = pkg._forward
@@ -39,6 +45,8 @@ def main(argv=None) -> int:
     _stub(op)
     if args.backward:
         return _time_backward(op, plan, args.calls)
+    if args.cache_ab:
+        return _time_cache_ab(pkg, plan, args.calls)
     dtype = getattr(torch, plan["torch_dtype"])
     h_kv = 8 if plan["allow_gqa"] else 32
     q = torch.randn(1, 128, 32, plan["head_dim"], dtype=dtype)
@@ -78,6 +86,46 @@ def _time_alloc(op, q, k, v, calls: int) -> None:
             times[name].append(_per_call(lambda h=sides[name]: op._replay(h, q, k, v), calls))
     for name, ts in times.items():
         print(f"replay, output {name}: {sorted(ts)[len(ts) // 2] * 1e6:.2f} us per call (median of 8)")
+
+
+def _time_cache_ab(pkg, plan, calls: int, rounds: int = 10) -> int:
+    """A repeated call of one signature (4 query heads, 2 key/value heads with GQA, 128 tokens; packed as 4
+    sequences of 32 with max_seqlen_q for a varlen package) with the package's signature caches against the
+    full checks on every call, alternated over `rounds` rounds; medians. Without grad the launch replay
+    (`_calls`); with grad, when the package has a backward, the checks' verdict (`_grad_calls`)."""
+    import statistics
+
+    op = pkg._forward
+    dtype = getattr(torch, plan["torch_dtype"])
+    h, h_kv, d, dv = 4, 2 if plan["allow_gqa"] else 4, plan["head_dim"], plan["head_dim_v"]
+    packed = plan.get("varlen", False)
+    lead = (128,) if packed else (1, 128)
+    kw = {}
+    if packed:
+        cu = torch.tensor([0, 32, 64, 96, 128], dtype=torch.int32)
+        kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=32)
+    kinds = [("no grad", op._calls, False)] + ([("with grad", op._grad_calls, True)] if op.bwd_plans else [])
+    for label, cache, grad in kinds:
+        q, k, v = (torch.randn(*lead, n, width, dtype=dtype, requires_grad=grad)
+                   for n, width in ((h, d), (h_kv, d), (h_kv, dv)))
+
+        def cached(q=q, k=k, v=v):
+            pkg.attention(q, k, v, **kw)
+
+        def full(q=q, k=k, v=v, cache=cache):
+            cache.clear()
+            pkg.attention(q, k, v, **kw)
+
+        times = {"cached": [], "full checks": []}
+        for r in range(rounds):
+            order = [("cached", cached), ("full checks", full)]
+            for name, fn in order if r % 2 == 0 else order[::-1]:
+                times[name].append(_per_call(fn, max(calls // rounds, 1)) * 1e6)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        print(f"{op.name} ({'packed' if packed else 'batched'}), {label}: {med['cached']:.1f} us per call with the "
+              f"signature cache, {med['full checks']:.1f} with the full checks (launch stubbed; medians of {rounds} "
+              "alternated rounds)")
+    return 0
 
 
 def _time_backward(op, plan, calls: int) -> int:
