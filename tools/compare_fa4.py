@@ -5,7 +5,10 @@ MUFU.EX2 per loop body) — docs/SM100.md "Structural comparison with FlashAtten
 
     .venv/bin/python tools/compare_fa4.py [--arch sm100|sm90] [--loops] [--markdown]
 
-Needs flash-attn-4 (pip install --no-deps flash_attn_4-*.whl; quack-kernels, einops) in the venv.
+Needs flash-attn-4 (pip install --no-deps flash_attn_4-*.whl; quack-kernels, einops) in the venv, or its wheels
+(`--fa4-wheel DIR`, default .device/anchors/ from ../shared/device/pack.sh --anchors when flash-attn-4 does not
+import): unpacked into a temporary folder as tools/compile_time_cpu.py does, quack's autotuner (which imports
+triton, unused by the kernels compiled here) replaced by a stand-in.
 FA4 is driven through its public flash_attn_func under torch's FakeTensorMode: it plans and compiles
 exactly what it would launch on a B200 / H100-class GPU (FLASH_ATTENTION_NUM_SMS stands in for the
 driver's SM count), and nothing runs. Counts are static instructions in the binary, not executed ones.
@@ -14,6 +17,7 @@ driver's SM count), and nothing runs. Counts are static instructions in the bina
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -112,12 +116,32 @@ def row(name, meta, seconds, smem):
     return [name, str(meta["registers"]), str(smem)] + [str(s.get(k, 0)) for k in OPCODES_BY_ARCH[ARCH]] + [f"{seconds:.1f}"]
 
 
+def _use_fa4_wheels(wheel_dir: Path) -> None:
+    """flash-attn-4 importable from its wheels in wheel_dir: unpacked into a temporary folder put first on
+    sys.path, quack.autotuner (it imports triton; the forward and backward compiled here do not autotune)
+    replaced by a stand-in module."""
+    import types
+
+    from compile_time_cpu import unpack_fa4  # tools/, this script's folder
+
+    sys.path.insert(0, str(unpack_fa4(wheel_dir, Path(tempfile.mkdtemp(prefix="fa4-wheels-")))))
+    stub = types.ModuleType("quack.autotuner")
+    stub.autotune = lambda *a, **k: (lambda f: f)
+    stub.AutotuneConfig = type("AutotuneConfig", (), {"__init__": lambda self, *a, **k: None})
+    sys.modules["quack.autotuner"] = stub
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=["sm100", "sm90"], default="sm100")
     ap.add_argument("--loops", action="store_true", help="add each kernel's MMA loops: instructions/MMAs/EX2")
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--fa4-wheel", type=Path, default=None,
+                    help="folder with the flash_attn_4, quack_kernels and einops wheels (default when flash-attn-4 "
+                         "does not import: .device/anchors)")
     args = ap.parse_args()
+    if args.fa4_wheel is not None or importlib.util.find_spec("flash_attn") is None:
+        _use_fa4_wheels(args.fa4_wheel or Path(__file__).resolve().parents[1] / ".device" / "anchors")
     global ARCH
     ARCH = args.arch
     fa4_arch, cute_arch, sms = TARGETS[ARCH]
