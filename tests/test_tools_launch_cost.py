@@ -31,7 +31,7 @@ def tools_path(monkeypatch, tmp_path):
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
-        if (name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu", "bwd_host_probe")
+        if (name in ("launch_cost", "host_overhead_cpu", "compile_time_cpu", "bwd_host_probe", "compare_fa4")
                 or name.startswith("fa4gen_pkg_")):
             del sys.modules[name]
 
@@ -76,6 +76,26 @@ def test_compile_time_cpu_names_the_missing_wheels(tools_path, tmp_path):
         compile_time_cpu.unpack_fa4(tmp_path, tmp_path / "site")
     with pytest.raises(SystemExit):
         compile_time_cpu.main(["--rounds", "0"])
+
+
+def test_compare_fa4_imports_flash_attn_4_from_its_wheels(tools_path, tmp_path, monkeypatch):
+    """tools/compare_fa4.py without flash-attn-4 installed unpacks its wheels (stand-ins here: a module in each)
+    into a folder first on sys.path and replaces quack.autotuner, which imports triton, with a stand-in."""
+    import zipfile
+
+    wheels = {"flash_attn_4": "flash_attn", "quack_kernels": "quack", "einops": "einops"}
+    for dist, module in wheels.items():
+        with zipfile.ZipFile(tmp_path / f"{dist}-0.0-py3-none-any.whl", "w") as z:
+            z.writestr(f"{module}/__init__.py", f"WHEEL = {module!r}\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    for module in ("flash_attn", "quack", "einops", "quack.autotuner"):
+        sys.modules.pop(module, None)
+    compare_fa4 = importlib.import_module("compare_fa4")
+    compare_fa4._use_fa4_wheels(tmp_path)
+    assert importlib.import_module("flash_attn").WHEEL == "flash_attn"
+    autotuner = importlib.import_module("quack.autotuner")
+    assert autotuner.autotune(configs=[])(len) is len
 
 
 @pytest.mark.parametrize("package", ["llama3_8b", "qwen2_7b_packed"])
