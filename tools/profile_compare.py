@@ -24,7 +24,7 @@ def main_kernel(times: dict[str, float]) -> float | None:
     `FlashAttentionBackwardSm90`; the preprocess, postprocess and conversion kernels are not it."""
     found = [us for name, us in times.items()
              if ("bwd_sm90" in name or "FlashAttentionBackwardSm90" in name)
-             and not any(part in name for part in ("reprocess", "ostprocess", "Convert"))]
+             and not any(part in name.lower() for part in ("preprocess", "postprocess", "convert"))]
     if len(found) > 1:
         raise ValueError(f"more than one main backward kernel among {sorted(times)}")
     return found[0] if found else None

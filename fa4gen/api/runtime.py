@@ -101,7 +101,6 @@ class CachedCall(NamedTuple):
     lse_shape: tuple | None  # None: the kernel writes no LSE
     lse: torch.Tensor | None  # the scratch LSE a call that does not return it writes into, else None
     spans: tuple  # the extents of q, k, v and out (out= overlap checks)
-    packed: bool = False  # packed sequences: the tensors go in as one batch of extent 1, the sequence tensors after
 
 
 def _typed(x):
@@ -156,6 +155,13 @@ def packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k
         return ("packed", *parts, _typed(max_seqlen_q), _typed(max_seqlen_k))
     except TypeError:
         return None
+
+
+def _remember(table: dict, key: tuple, value) -> None:
+    """Keep a signature's entry in one of a ForwardOp's caches, at most CALL_CACHE_SIZE (cleared when full)."""
+    if len(table) >= CALL_CACHE_SIZE:
+        table.clear()
+    table[key] = value
 
 
 def extent(t: torch.Tensor) -> int:
@@ -442,31 +448,25 @@ class ForwardOp:
                                   max_seqlen_k=max_seqlen_k)
         key = None
         if self._pinned is None:
-            if (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
-                    and seqused_k is None and max_seqlen_k is None):
+            batched = (cu_seqlens_q is None and cu_seqlens_k is None and max_seqlen_q is None
+                       and seqused_k is None and max_seqlen_k is None)
+            # packed sequences whose values the caller vouches for share the cache, the sequence arguments keyed
+            seq_key = None if batched else packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
+            if batched or seq_key is not None:
                 key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
-                seq = None
-            else:  # packed sequences whose values the caller vouches for: the same cache, the sequence tensors keyed
-                seq = packed_key(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, max_seqlen_k)
-                if seq is not None:
-                    key = call_key(q, k, v, softmax_scale, window, chunk_size, return_lse, out)
-                    key = None if key is None else key + seq
-            if key is not None and needs_grad(q, k, v):
-                scale = self._grad_calls.get(key)
-                if scale is not None:  # a checked training signature (out= is refused with autograd: never here)
-                    packed = None
-                    if seq is not None:  # what Packed.check makes of contiguous tensors, left unresolved
-                        packed = Packed(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-                    out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
+                if key is not None and seq_key is not None:
+                    key += seq_key
+            grad = key is not None and needs_grad(q, k, v)
+            found = (self._grad_calls if grad else self._calls).get(key) if key is not None else None
+            if found is not None:
+                # what Packed.check makes of contiguous sequence tensors, left unresolved (packed_key: unchecked)
+                packed = None if batched else Packed(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+                if grad:  # a checked training signature (out= is refused with autograd: never here); found: its scale
+                    out, lse = AttentionFunction.apply(self, q, k, v, found, window, chunk_size, packed)
                     return (out, lse) if return_lse else out
-            else:
-                hit = self._calls.get(key) if key is not None else None
-                if hit is not None:
-                    if seq is not None:
-                        seq = (cu_seqlens_q, cu_seqlens_k, seqused_k if seqused_k is not None else cu_seqlens_k)
-                    res = self._replay(hit, q, k, v, out, seq)
-                    if res is not None:
-                        return res if return_lse else res[0]
+                res = self._replay(found, q, k, v, out, packed)
+                if res is not None:
+                    return res if return_lse else res[0]
         plan, packed = self.validate(q, k, v, softmax_scale=softmax_scale, window=window, chunk_size=chunk_size,
                                      return_lse=return_lse, out=out, cu_seqlens_q=cu_seqlens_q,
                                      cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, seqused_k=seqused_k,
@@ -480,20 +480,17 @@ class ForwardOp:
         if self.bwd_plans and needs_grad(q, k, v):
             out, lse = AttentionFunction.apply(self, q, k, v, scale, window, chunk_size, packed)
             if key is not None:  # (out= is refused with autograd: the result is never the caller's buffer)
-                if len(self._grad_calls) >= CALL_CACHE_SIZE:
-                    self._grad_calls.clear()
-                self._grad_calls[key] = scale
+                _remember(self._grad_calls, key, scale)
         else:
             out, lse, _ = self._forward(q, k, v, scale, window, chunk_size, out, packed, remember=key,
                                         lse_scratch=not return_lse)
         return (out, lse) if return_lse else out
 
-    def _replay(self, hit: CachedCall, q, k, v, out=None, seq: tuple | None = None):
-        """A call whose signature (call_key, with packed_key for packed sequences: `seq` holds the call's
-        cu_seqlens_q, cu_seqlens_k and seqused_k or its stand-in) passed every check before: allocate and
-        launch, nothing else. None when a tensor's base address is not 16-byte aligned (the slow path copies
-        an input and names a misaligned out)."""
-        fn, args, out_shape, dtype, lse_shape, lse, spans, packed = hit
+    def _replay(self, hit: CachedCall, q, k, v, out=None, packed: "Packed | None" = None):
+        """A call whose signature (call_key, with packed_key for packed sequences, whose arguments `packed`
+        holds unchecked) passed every check before: allocate and launch, nothing else. None when a tensor's
+        base address is not 16-byte aligned (the slow path copies an input and names a misaligned out)."""
+        fn, args, out_shape, dtype, lse_shape, lse, spans = hit
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if qp % 16 or kp % 16 or vp % 16:
             return None
@@ -513,8 +510,8 @@ class ForwardOp:
         if lse_shape is not None and lse is None:  # returned to the caller: its own
             lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
         tensors = [q, k, v, out] if lse_shape is None else [q, k, v, out, lse]
-        if packed:  # one batch of extent 1 whose rows the sequence tensors cut up, as `_forward` launches them
-            tensors = [t[None] for t in tensors] + list(seq)
+        if packed is not None:  # one batch of extent 1 whose rows the sequence tensors cut up, as `_forward` does
+            tensors = [t[None] for t in tensors] + [packed.cu_q, packed.cu_k, packed.seqused_or_dummy()]
         self._launch(fn, device, tensors + args)
         return out, lse
 
@@ -607,12 +604,10 @@ class ForwardOp:
         self._launch(fn, q.device, tensors + args)
         # none copied (packed: remember is only given for contiguous sequence tensors, which Packed keeps as they are)
         if remember is not None and all(a is b for a, b in zip((q, k, v), given)):
-            if len(self._calls) >= CALL_CACHE_SIZE:
-                self._calls.clear()
             out_shape = None if out.shape == q.shape and out.dtype == q.dtype else tuple(out.shape)  # like q
-            self._calls[remember] = CachedCall(fn, args, out_shape, out.dtype, None if lse is None else lse_shape,
-                                               lse if lse_scratch else None,
-                                               (extent(q), extent(k), extent(v), extent(out)), packed is not None)
+            _remember(self._calls, remember, CachedCall(
+                fn, args, out_shape, out.dtype, None if lse is None else lse_shape, lse if lse_scratch else None,
+                (extent(q), extent(k), extent(v), extent(out))))
         return out, lse, (q, k, v)
 
     def validate(self, q, k, v, *, softmax_scale=None, window=None, chunk_size=None, return_lse=False, out=None,
