@@ -108,48 +108,27 @@ def test_resolve_checks_values_and_takes_the_longest_sequence():
             p.resolve(10, 12)
 
 
-def test_backward_takes_unchecked_sequences_as_monotone_copies():
+def test_backward_launches_the_callers_sequence_tensors():
     """With max_seqlen_q the forward takes the sequence tensors unchecked (no device sync, as
     flash_attn_varlen_func); its kernels clamp each sequence into the packed tensors, which overlapping
-    or negative entries survive — but the backward numbers every sequence's query tiles back to back into
-    buffers of ceil(total / tile_m) + batch tiles, and [0, T, 0, T] once numbered tile 31 of 19 (a review's
-    finding, traced with the kernels' own index emulator). The backward launches copies made monotone."""
-    from fa4gen.emulate.tiling import tiles_before
-
-    total, tile_m = 1024, 64
-    bad = [[0, 1024, 0, 1024], [0, 1024, -7, 1024], [5, 3, 2000, -1], [0, 300, 200, 100], [0, 100, 200, 300]]
-    for values in bad:
+    or negative entries survive. The backward numbers every sequence's tiles back to back into buffers of
+    ceil(total / tile) + batch tiles, which such values would overrun: its kernels read them monotone
+    (tests/test_varlen_schedule.py checks that reading against the buffers), so the runtime launches the
+    caller's tensors as they are, checked or not — no sanitised copy (three torch operations per backward)."""
+    total = 1024
+    for values in ([0, 1024, 0, 1024], [5, 3, 2000, -1], [0, 100, 100, 1024]):
         p = Packed.check("x", True, _i32(values), _i32(values), 1024, None)
         p.resolve(total, total)  # the caller vouched: nothing read back
         assert not p.checked
-        cu_q, cu_k, used = p.backward_tensors(total, total)
-        cu = cu_q.tolist()
-        assert cu[0] == 0 and all(a <= b <= total for a, b in zip(cu, cu[1:])), (values, cu)
-        batch = len(values) - 1
-        assert tiles_before(cu, batch, total, tile_m) <= -(-total // tile_m) + batch, (values, cu)
-        assert cu_k.tolist() == cu and used is cu_k  # no seqused_k: cu_seqlens_k stands in, unread
-        assert p.cu_q.tolist() == values  # the caller's tensor is untouched (autograd version-checks it)
-    # the unsanitised values overrun the buffers (what the kernels would have numbered)
-    assert tiles_before([0, 1024, 0, 1024], 3, total, tile_m) > -(-total // tile_m) + 3
-    # valid values pass unchanged, and checked ones are launched as they are
+        cu_q, cu_k, used = p.backward_tensors()
+        assert cu_q is p.cu_q and cu_k is p.cu_k and used is cu_k  # no seqused_k: cu_seqlens_k stands in, unread
+        assert cu_q.tolist() == values
     ok = [0, 100, 100, 1024]
     p = Packed.check("x", True, _i32(ok), _i32(ok), 1024, _i32([3, 0, 9]))
-    cu_q, _, used = p.backward_tensors(total, total)
-    assert cu_q.tolist() == ok and used.tolist() == [3, 0, 9]
+    assert p.backward_tensors()[2].tolist() == [3, 0, 9]
     p = Packed.check("x", True, _i32(ok), _i32(ok), None, None)
     p.resolve(total, total)
-    assert p.checked and p.backward_tensors(total, total)[0] is p.cu_q
-    # one tensor for both (self-attention over one packing): one monotone copy serves both, made from it
-    for values in bad + [ok]:
-        cu = _i32(values)
-        p = Packed.check("x", True, cu, cu, 1024, None)
-        cu_q, cu_k, used = p.backward_tensors(total, total)
-        assert cu_k is cu_q and used is cu_q
-        assert cu_q.tolist() == Packed.check("x", True, _i32(values), _i32(values), 1024, None).backward_tensors(
-            total, total)[1].tolist()
-        # different totals (cross-attention lengths) keep two copies, each clamped to its own total
-        cu_q, cu_k, _ = p.backward_tensors(total, 512)
-        assert cu_k is not cu_q and max(cu_k.tolist()) <= 512
+    assert p.checked and p.backward_tensors()[0] is p.cu_q
 
 
 def test_postprocess_spare_tiles_zero_every_padding_row_once():
@@ -157,10 +136,12 @@ def test_postprocess_spare_tiles_zero_every_padding_row_once():
     with padding) are zeroed by ConvertChunks' spare tiles (fa4gen/device/sm90.py): a tile is spare when
     tile_of puts it past the last sequence's end, spare j of `grid - owned` zeroes tile_m-row blocks j,
     j + spares, ... from that end. Over monotone sequence values (what the backward launches), every grid of
-    ceil(total / tile_m) + batch tiles has a spare tile, and the spares cover the padding exactly once."""
+    ceil(total / tile_m) + batch tiles has a spare tile, and the spares cover the padding exactly once; values
+    that are not (unchecked: overlapping, past the end) too, the padding then starting where the kernel's
+    monotone reading ends them (`query_tile_sequence`, `monotone_end`)."""
     import random
 
-    from fa4gen.emulate.tiling import sequence_bounds, tile_of, tiles_before
+    from fa4gen.emulate.tiling import monotone_end, query_tile_sequence, sequence_bounds, tile_of, tiles_before
 
     rng = random.Random(5)
     for _ in range(300):
@@ -185,6 +166,19 @@ def test_postprocess_spare_tiles_zero_every_padding_row_once():
                     zeroed += [r for r in range(r0, r0 + tile_m) if r < total]
         assert grid > owned, (cu, total)
         assert sorted(zeroed) == list(range(cu[-1], total)), (cu, total)
+        # the same, as the kernel reads the caller's values (valid ones as they are; others monotone)
+        raw = cu if rng.random() < 0.5 else [rng.randint(-5, total + 50) for _ in cu]
+        end = monotone_end(raw, batch, total)
+        zeroed_raw = []
+        owned = query_tile_sequence(raw, batch, total, 0, tile_m)[2]
+        for tile in range(grid):
+            _, _, _, offset, seqlen = query_tile_sequence(raw, batch, total, tile, tile_m)
+            if tile >= owned:
+                assert offset + seqlen == end
+                j, spares = tile - owned, grid - owned
+                for r0 in range(end + j * tile_m, total, spares * tile_m):
+                    zeroed_raw += [r for r in range(r0, r0 + tile_m) if r < total]
+        assert sorted(zeroed_raw) == list(range(end, total)), (raw, total)
 
 
 def _recording(pkg, monkeypatch):

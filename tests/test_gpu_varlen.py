@@ -316,6 +316,51 @@ def test_varlen_backward_padding_rows_unchecked(name):
         assert err <= budget, f"{name} (unchecked, padded): {g_name} max error {err:.3g} > budget {budget:.3g}"
 
 
+@pytest.mark.parametrize("name", ["vlb_bf16_d128_causal_gqa", "vlb_bf16_d64_none_mha_det"])
+def test_varlen_backward_reads_unchecked_values_monotone(name):
+    """The backward launches unchecked sequence values (max_seqlen_q given) as the caller passed them, and its
+    three kernels read them monotone (fa4gen/device/varlen.py `monotone_chunk`: the first 0, each entry clamped
+    into [0, total], the running maximum): overlapping, decreasing and out-of-range values give the gradients
+    of their monotone reading — bitwise for a deterministic spec, to the atomics' fp32 reordering otherwise —
+    and rows after its last sequence get zeros, with no stray access (poisoned, uninitialised gradients)."""
+    from fa4gen.api.runtime import Packed
+
+    pkg = _package(name)
+    op, spec = pkg._forward, pkg._forward.spec
+    h, h_kv = (4, 4) if not spec["allow_gqa"] else HEADS
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 2)
+    lq, lk = [300, 77, 129, 64], [256, 90, 129, 33]
+    q, k, v, seq = _packed_inputs(spec, lq, lk, None, h, h_kv, gen)
+    tq, tk = sum(lq), sum(lk)
+    raw = {  # overlapping, decreasing, negative and past the end; each entry's monotone reading beside it
+        "cu_seqlens_q": ([7, 300, 250, -4, tq + 90], [0, 300, 300, 300, tq]),
+        "cu_seqlens_k": ([0, 256, 400, 380, tk + 5], [0, 256, 400, 400, tk]),
+    }
+    as_tensor = {n: [torch.tensor(x, dtype=torch.int32, device="cuda") for x in pair] for n, pair in raw.items()}
+    mono = dict(cu_seqlens_q=as_tensor["cu_seqlens_q"][1], cu_seqlens_k=as_tensor["cu_seqlens_k"][1])
+    out, lse = pkg.attention(q, k, v, return_lse=True, **mono)  # the monotone packing, checked
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+    dlse = torch.randn(lse.shape, device="cuda", generator=gen)
+    grads = {}
+    for which in (0, 1):
+        cu_q, cu_k = as_tensor["cu_seqlens_q"][which], as_tensor["cu_seqlens_k"][which]
+        packed = Packed.check(op.name, True, cu_q, cu_k, 300, None)
+        packed.resolve(tq, tk)
+        assert not packed.checked
+        junk = [torch.full_like(t, float("nan")) for t in (q, k, v)]  # poison the gradient allocations
+        del junk
+        grads[which] = op.backward(q, k, v, out, dout, lse, dlse, packed=packed)
+    torch.cuda.synchronize()
+    for g_name, a, b in zip(("dq", "dk", "dv"), grads[0], grads[1]):
+        assert not torch.isnan(a).any(), f"{name}: {g_name} from the raw values has NaN (unwritten rows)"
+        if spec["deterministic"]:
+            assert torch.equal(a, b), f"{name}: {g_name} from the raw values differs from their monotone reading"
+        else:
+            err = (a.float() - b.float()).abs().max().item()
+            scale = b.float().abs().max().item()
+            assert err <= 2 ** -7 * scale, f"{name}: {g_name} raw vs monotone differ by {err:.3g} (scale {scale:.3g})"
+
+
 @pytest.mark.parametrize("name", ["vlb_bf16_d128_causal_gqa", "vlp_bf16_d128_none_mha_atomic_plain"])
 def test_varlen_unchecked_calls_make_no_device_sync(name):
     """With max_seqlen_q given, the varlen forward and backward enqueue their work without synchronising with

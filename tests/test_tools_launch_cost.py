@@ -155,7 +155,7 @@ def test_bwd_host_probe_times_every_piece(tools_path, monkeypatch, varlen):
     monkeypatch.setattr(probe, "host_us", lambda fn, n=40, rounds=7: (fn(), 1.0)[1])
     rows = probe._pieces(pkg, q, k, v, dout, kw)
     want = {"step", "forward_with_grad", "backward_autograd", "backward_direct", "compiled_backward_call", "zero_dlse"}
-    assert set(rows) == want | ({"monotone_copy", "ten_batch1_views"} if varlen else set())
+    assert set(rows) == want | ({"ten_batch1_views"} if varlen else set())
 
 
 def test_the_tiny_training_cases_run_a_step(tools_path):

@@ -74,7 +74,8 @@ def test_malformed_offsets_stay_inside_the_packed_tensor():
 def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, descending, heads):
     """The packed backward's prologue (`key_tile_sequence`: one linear CTA index over (sequence, head, key tile),
     decoded by the key-tile scan with each lane's query bounds and seqused_k loaded beside its key bounds)
-    against the lookups it replaces: tile_of_owned over the key tiles, the sequence's bounds, and tiles_before
+    against the lookups it replaces, on the sequence values made monotone (`monotone_values`: what the kernel
+    reads the caller's values as): tile_of_owned over the key tiles, the sequence's bounds, and tiles_before
     over the query tiles. Every (sequence, head, key tile) gets exactly one CTA; one head's key tiles of one
     sequence are consecutive CTAs in tile_of's order; heads of one sequence follow each other (the GQA dK/dV
     turns and the deterministic dQ turns wait only for CTAs launched earlier); every spare CTA comes after every
@@ -87,9 +88,12 @@ def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, desc
     if rng.random() < 0.2:  # not monotone, past the end: the runtime's unchecked values
         cu_q = [rng.randint(-5, cu_q[-1] + 5) for _ in cu_q]
     total_q, total_k = max(cu_q[-1], 1), cu_k[-1]
+    if rng.random() < 0.3:  # keys overlapping, decreasing, past the end too
+        cu_k = [rng.randint(-5, total_k + 300) for _ in cu_k]
     used = [rng.randint(-3, n + 3) for n in lengths]
     tile_n, tile_m = 128, 80
     grid = (-(-total_k // tile_n) + b) * heads
+    mq, mk = tiling.monotone_values(cu_q, b, total_q), tiling.monotone_values(cu_k, b, total_k)
     for seqused in (None, used):
         seen, order = set(), []
         for cta in range(grid):
@@ -98,14 +102,52 @@ def test_the_backwards_one_scan_finds_what_the_separate_lookups_do(lengths, desc
             s, n_block, head, key_tile, owned = got[:5]
             if cta >= owned * heads:  # spare: the CTA leaves, its other values unused
                 continue
-            assert tiling.tile_of_owned(cu_k, b, total_k, key_tile, tile_n, descending) == (s, n_block, owned)
+            assert tiling.tile_of_owned(mk, b, total_k, key_tile, tile_n, descending) == (s, n_block, owned)
             assert 0 <= head < heads and (s, head, key_tile) not in seen
             seen.add((s, head, key_tile))
             order.append((s, head, key_tile))
-            oq, lq = tiling.sequence_bounds(cu_q, s, total_q)
-            ok, lk = tiling.sequence_bounds(cu_k, s, total_k)
+            oq, lq = tiling.sequence_bounds(mq, s, total_q)
+            ok, lk = tiling.sequence_bounds(mk, s, total_k)
             lk = lk if seqused is None else min(max(seqused[s], 0), lk)
-            assert got[5:] == (oq, lq, ok, lk, tiling.tiles_before(cu_q, s, total_q, tile_m)), (cta, s)
-        owned = tiling.tile_of_owned(cu_k, b, total_k, 0, tile_n, descending)[2]
+            assert got[5:] == (oq, lq, ok, lk, tiling.tiles_before(mq, s, total_q, tile_m)), (cta, s)
+        owned = tiling.tile_of_owned(mk, b, total_k, 0, tile_n, descending)[2]
         assert len(order) == owned * heads  # every (key tile, head) once, all before the spare CTAs
         assert order == sorted(order)  # sequence, then head, then key tile: consecutive in tile_of's order
+
+
+def test_the_backwards_monotone_reading_keeps_every_tile_inside_its_buffers():
+    """The backward takes the caller's sequence values unchecked (max_seqlen_q given) and its kernels read them
+    monotone (`monotone_chunk`): m_0 = 0, each entry clamped into [0, total], the running maximum. The raw
+    values [0, T, 0, T] would number tile 31 of a 19-tile buffer (a review's finding); read monotone, the query
+    tiles (`query_tile_sequence`: the preprocess and the dQ conversion) and key tiles (`key_tile_sequence`) of
+    any values stay within ceil(total / tile) + batch, every sequence's rows within [0, total], back to back
+    from 0, and the padding after the last sequence starts at `monotone_end`. Valid values read as they are."""
+    rng = random.Random(11)
+    fixed = [[0, 1024, 0, 1024], [0, 1024, -7, 1024], [5, 3, 2000, -1], [0, 300, 200, 100], [0, 100, 200, 300]]
+    assert tiling.tiles_before(fixed[0], 3, 1024, 64) > -(-1024 // 64) + 3  # the raw reading overruns
+    cases = [(v, 1024) for v in fixed]
+    for _ in range(150):
+        batch = rng.randint(1, 70)
+        total = rng.randint(1, 3000)
+        cases.append(([rng.randint(-50, total + 200) for _ in range(batch + 1)], total))
+    for values, total in cases:
+        batch = len(values) - 1
+        m = tiling.monotone_values(values, batch, total)
+        assert m[0] == 0 and all(a <= b <= total for a, b in zip(m, m[1:]))
+        assert tiling.monotone_end(values, batch, total) == m[-1]
+        for tile_m in (64, 80, 128):
+            grid = -(-total // tile_m) + batch
+            rows = 0
+            for tile in range(grid):
+                seq, m_block, owned, offset, seqlen = tiling.query_tile_sequence(values, batch, total, tile, tile_m)
+                assert owned < grid  # a spare tile always exists: the dQ conversion's padding zeros need one
+                assert (seq, m_block, owned) == tiling.tile_of_owned(m, batch, total, tile, tile_m, False)
+                if tile >= owned:  # spare: the last sequence's end, for the padding rows after it
+                    assert (offset, seqlen) == (m[-1], 0)
+                    continue
+                assert (offset, seqlen) == (m[seq], m[seq + 1] - m[seq]) and 0 <= m_block * tile_m < seqlen
+                rows += min(tile_m, seqlen - m_block * tile_m)
+            assert rows == m[-1]  # every row of [0, m_n) in exactly one owned tile
+        valid = sorted(min(max(v, 0), total) for v in values)
+        valid[0] = 0
+        assert tiling.monotone_values(valid, batch, total) == valid

@@ -6,7 +6,7 @@ launch queue never fills, so no call waits for the GPU): the whole training step
 autograd) of a tiny call, dense and packed (4 sequences of 32 tokens, max_seqlen given: unchecked, as in
 training), the backward alone through autograd (retain_graph), fa4gen's `ForwardOp.backward` called directly,
 the compiled backward function called on prepared arguments (its three launches), and the torch operations the
-call makes (allocations, the packed path's views and monotone sequence copy, the zero dLSE); flash-attn-4's step
+call makes (allocations, the packed path's views, the zero dLSE); flash-attn-4's step
 and backward beside them when it imports. The difference between the autograd row and the direct row is the
 engine's share; between the direct row and the compiled call, fa4gen's Python.
 
@@ -33,8 +33,6 @@ def host_us(fn, n: int = 40, rounds: int = 7) -> float:
 
 def _pieces(pkg, q, k, v, dout, kw) -> dict:
     """Host time of the training step, the autograd backward, the direct backward and the compiled call."""
-    from fa4gen.api import runtime
-
     op = pkg._forward
     rows = {"step": host_us(lambda: torch.autograd.grad(pkg.attention(q, k, v, **kw), (q, k, v), dout))}
     out = pkg.attention(q, k, v, **kw)
@@ -62,8 +60,6 @@ def _pieces(pkg, q, k, v, dout, kw) -> dict:
     fn, args = captured["call"]
     rows["compiled_backward_call"] = host_us(lambda: fn(*args))
     if ctx_packed is not None:
-        cu, total = ctx_packed.cu_q, q.shape[0]
-        rows["monotone_copy"] = host_us(lambda: runtime._monotone(cu, total))
         ts = [q] * 10
         rows["ten_batch1_views"] = host_us(lambda: [t[None] for t in ts])
     lse_shape = tuple(saved[4].shape)

@@ -262,8 +262,8 @@ def training_step() -> dict:
     """A tiny forward + backward through autograd, dense and packed (4 sequences of 32 tokens), against
     flash-attn-4's: `host_us` is the host time of one step queued without a sync, `drained_us` the time per
     step once the GPU has run them (the slower of host and GPU). Where host_us is the larger, steps this
-    small are host-bound; the packed backward's Python side is the larger part (the monotone sequence
-    copies, the zeroed workspaces)."""
+    small are host-bound; the packed backward's Python side is the larger part (its batch-1 views, the
+    workspaces)."""
     cases, fa4_missing = tiny_training_cases()
     res = {} if fa4_missing is None else {"flash_attn_4": fa4_missing}
     for name, c in cases.items():

@@ -257,7 +257,7 @@ class Packed:
         """Without max_seqlen_q, read the sequence tensors back once (one device sync), check their
         values and record the longest sequences. With it, the caller vouches for them, as with
         flash_attn_varlen_func (the forward kernels clamp every offset into the packed tensors, so bad
-        values give wrong rows, never a stray memory access; the backward launches sanitised copies, see
+        values give wrong rows, never a stray memory access; the backward's kernels read them monotone, see
         `backward_tensors`). The kernels need neither maximum: their grids number the tiles of all
         sequences back to back."""
         if self.max_seqlen_q is not None:
@@ -273,30 +273,16 @@ class Packed:
         self.max_seqlen_k = max(b - a for a, b in zip(cu_k, cu_k[1:]))
         self.checked = True
 
-    def backward_tensors(self, total_q: int, total_k: int) -> tuple:
-        """(cu_seqlens_q, cu_seqlens_k, seqused_k or its stand-in) as the backward launches them. The
-        backward numbers the query tiles of all sequences back to back into buffers of ceil(total_q /
-        tile_m) + batch tiles (LSE, D, the dQ accumulator, the deterministic semaphores): overlapping or
-        negative sequences, which the forward's clamped views survive, would index past them. Values
-        never checked (max_seqlen_q given) go in as copies made monotone on the device — each entry
-        clamped into [0, total], the first 0, then the running maximum — so the tiles fit whatever the
-        caller passed, without the device sync a check would cost; valid values pass unchanged."""
-        if self.checked:
-            return self.cu_q, self.cu_k, self.seqused_or_dummy()
-        cu_q = _monotone(self.cu_q, total_q)
-        # self-attention over one packing passes one tensor for both: one copy (three kernels and their
-        # allocations fewer per backward, host time that a short backward waits for)
-        cu_k = cu_q if self.cu_k is self.cu_q and total_k == total_q else _monotone(self.cu_k, total_k)
-        return cu_q, cu_k, self.seqused_k if self.seqused_k is not None else cu_k
-
-
-def _monotone(cu: torch.Tensor, total: int) -> torch.Tensor:
-    """cu_seqlens made safe for the kernels' tile numbering: from 0, non-decreasing, within [0, total]."""
-    c = cu.clamp(0, total)
-    # zeroed on the device: `c[0] = 0` copied a host scalar into it, a pageable host-to-device copy, which
-    # PyTorch follows with a stream synchronisation (the H200 profile of a varlen backward showed the copy)
-    c[:1].zero_()
-    return torch.cummax(c, 0).values
+    def backward_tensors(self) -> tuple:
+        """(cu_seqlens_q, cu_seqlens_k, seqused_k or its stand-in) as the backward launches them: the caller's
+        tensors, checked or not. The backward numbers the query tiles of all sequences back to back into
+        buffers of ceil(total_q / tile_m) + batch tiles (LSE, D, the dQ accumulator, the claim flags / turn
+        counters), which overlapping or negative sequences would overrun: its kernels read the values monotone
+        (fa4gen/device/varlen.py `monotone_chunk`: the first 0, each entry clamped into [0, total], then the
+        running maximum), so unchecked values (max_seqlen_q given) cost neither a device sync nor a sanitised
+        copy (three torch operations, ~28 us of host time per backward on the H200), and valid ones read as
+        they are."""
+        return self.cu_q, self.cu_k, self.seqused_or_dummy()
 
 
 class ForwardOp:
@@ -740,7 +726,7 @@ class ForwardOp:
         contiguous = dict(memory_format=torch.contiguous_format)
         # keys past seqused_k get a zero gradient: with MHA the kernel stores only the used rows. With
         # unchecked sequence values (max_seqlen_q given) rows may lie after the last sequence (e.g. the
-        # padding of static shapes; the launch's sequence copies are monotone from 0, see
+        # padding of static shapes; the backward's kernels read the sequence values monotone from 0, see
         # `Packed.backward_tensors`, so no row lies before or between them): their gradient is zero, not
         # whatever the allocator held, and the postprocess's spare tiles write those zeros (a fill of the
         # three gradients took 62 us of a 660 us d128 backward on the H200)
@@ -777,7 +763,7 @@ class ForwardOp:
             if plan["dkv_accum"]:
                 tensors.append(torch.zeros((b, h_kv, k_tiles), **i32))  # sem_dkv
         if packed is not None:
-            tensors += list(packed.backward_tensors(total_q, s_k))
+            tensors += list(packed.backward_tensors())
             args.append(int(packed.seqused_k is not None))
         self._launch(self.function(self.bwd_plans[arch]), q.device, tensors + args)
         return grads

@@ -92,7 +92,8 @@ class Preprocess:
 
 class PreprocessVarlen(Preprocess):
     """`Preprocess` for packed sequences whose LSE2 / D / dQ accumulator rows are padded per query tile
-    (sequence i's tiles numbered after those of the sequences before it, as `varlen.tile_of` does):
+    (sequence i's tiles numbered after those of the sequences before it, cu_seqlens read monotone by
+    `varlen.query_tile_sequence`):
     one CTA per (tile, head), ROWS_PER_CTA rows per pass; a tile's rows past its sequence get 0 / +inf."""
 
     def __init__(self, head_dim_v: int, head_dim: int, tile_m: int, zero_dq: bool = True):
@@ -114,14 +115,15 @@ class PreprocessVarlen(Preprocess):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, _ = cute.arch.block_idx()
         total = mO.shape[1]
-        seq, m_block, owned = varlen.tile_of_owned(mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m, False)
+        seq, m_block, owned, offset, seqlen = varlen.query_tile_sequence(
+            mCuQ, cute.size(mCuQ.shape[0]) - 1, total, tile, self.tile_m
+        )
         # a spare tile (past every sequence) has no rows: nobody reads its LSE2 / D rows or accumulator chunks,
         # nor its mSem entry (no key block reaches it; the dQ conversion's spare tiles only zero rows)
         varlen.leave_if_spare(tile, owned)
         if cutlass.const_expr(mSem is not None):
             if tidx == 0:
                 mSem[0, head, tile] = Int32(0)
-        offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - tile * self.tile_m, self.tile_m)
         for p in cutlass.range_constexpr((self.tile_m + ROWS_PER_CTA - 1) // ROWS_PER_CTA):
             i = ROWS_PER_CTA * p + tidx // 4

@@ -207,7 +207,8 @@ class ConvertChunks:
     """dQ = scale * its fp32 accumulator, which holds every (tile_m x head_dim) query tile as two chunks
     (one per consumer warpgroup, `dq_split` / `chunk_position`) in fragment order.
     One CTA of 2 warpgroups per (tile, head, batch); with `varlen`, tiles are numbered over the packed
-    sequences as `varlen.tile_of` does and the row offsets come from cu_seqlens.
+    sequences and the row offsets come from cu_seqlens as `varlen.query_tile_sequence` reads them (monotone,
+    as the backward's other kernels do: the caller's values go in unchecked).
     The chunks are read with 128-bit loads; the converted values go to their (row, column) in a
     shared-memory tile (rows padded by 16 bytes: the fragment's scattered 2-byte stores stay free of
     bank conflicts), which then leaves with 128-bit row-contiguous stores (`staged`). Head dims whose
@@ -253,8 +254,7 @@ class ConvertChunks:
         if cutlass.const_expr(self.varlen):
             total = mdQ.shape[1]
             num_seqs = cute.size(mCuQ.shape[0]) - 1
-            seq, m_block, owned = varlen.tile_of_owned(mCuQ, num_seqs, total, tile, self.tile_m, False)
-            offset, seqlen = varlen.sequence_bounds(mCuQ, seq, total)
+            seq, m_block, owned, offset, seqlen = varlen.query_tile_sequence(mCuQ, num_seqs, total, tile, self.tile_m)
             if tile >= owned:
                 # a tile past the last sequence (seq is the last one): spare tile j of `spares` zeroes the
                 # rows after the last sequence, tile_m rows at a time, striding by the spares. It owns no dQ
@@ -265,9 +265,9 @@ class ConvertChunks:
                 zero_rows_after(mdQ[batch, None, head, None], offset + seqlen, j, spares, self.tile_m, tidx)
                 if cutlass.const_expr(mdK is not None):
                     if head < mdK.shape[2]:
-                        k_start, k_len = varlen.sequence_bounds(mCuK, num_seqs - 1, mdK.shape[1])
-                        zero_rows_after(mdK[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
-                        zero_rows_after(mdV[batch, None, head, None], k_start + k_len, j, spares, self.tile_m, tidx)
+                        k_end = varlen.monotone_end(mCuK, num_seqs, mdK.shape[1])
+                        zero_rows_after(mdK[batch, None, head, None], k_end, j, spares, self.tile_m, tidx)
+                        zero_rows_after(mdV[batch, None, head, None], k_end, j, spares, self.tile_m, tidx)
             else:
                 self.convert(mAcc, mdQ, mSem, tiled_mma, scale, tile, head, batch, offset, seqlen, m_block, tidx)
         else:

@@ -98,13 +98,17 @@ def tile_of(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
 
 
 @cute.jit
-def _warp_inclusive_sum(x: Int32) -> Int32:
-    """Lane l's sum of lanes 0..l's x: five shuffle-up steps, lane l adding lane l - 2^k's running sum."""
+def _warp_inclusive_sum(x: Int32, use_max: cutlass.Constexpr[bool] = False) -> Int32:
+    """Lane l's sum (`use_max`: maximum) of lanes 0..l's x: five shuffle-up steps, lane l combining lane
+    l - 2^k's running value."""
     lane = cute.arch.lane_idx()
     for step in cutlass.range_constexpr(5):
         up = cute.arch.shuffle_sync_up(x, 1 << step)
         if lane >= (1 << step):
-            x = x + up
+            if cutlass.const_expr(use_max):
+                x = cutlass.max(x, up)
+            else:
+                x = x + up
     return x
 
 
@@ -112,6 +116,52 @@ def _warp_inclusive_sum(x: Int32) -> Int32:
 def _lowest_lane(hits) -> Int32:
     """The lowest lane set in a non-zero ballot."""
     return cute.arch.popc((hits & (0 - hits)) - 1)
+
+
+@cute.jit
+def _owner_lane(incl: Int32, base: Int32, tile: Int32) -> Int32:
+    """The first lane whose running total (`base` + its inclusive prefix `incl`) passes `tile`, or 32 when
+    this chunk does not hold the tile (no lane passes it, or an earlier chunk already did): warp-uniform."""
+    hits = cute.arch.vote_ballot_sync(base + incl > tile)
+    first = Int32(32)
+    if hits != 0:
+        if base <= tile:
+            first = _lowest_lane(hits)
+    return first
+
+
+@cute.jit
+def monotone_chunk(cu_seqlens: cute.Tensor, j: Int32, num_seqs: Int32, total: Int32, carry: Int32):
+    """Sequences j + lane (a warp's chunk of 32) as the backward reads cu_seqlens: monotone, the values
+    m_0 = 0, m_i = max(m_{i-1}, cu_seqlens[i] clamped into [0, total]), sequence i at [m_i, m_{i+1}) — valid
+    values read as they are; overlapping, decreasing or negative ones (the unchecked values of a call that
+    passed max_seqlen_q) can then neither number more tiles than the ceil(total / tile) + num_seqs the
+    backward's buffers hold nor reach outside the packed rows. `carry` is m_j (0 for the first chunk).
+    Returns each lane's (start, length) (lanes past the last sequence: empty, at the chunk's end) and m_{j+32}
+    for the next chunk. One load per lane (cu_seqlens[j + lane + 1]; the start is the lane below's end)."""
+    lane = cute.arch.lane_idx()
+    end = Int32(0)
+    if j + lane < num_seqs:
+        end = cutlass.min(cutlass.max(cu_seqlens[j + lane + 1], 0), total)
+    end = cutlass.max(_warp_inclusive_sum(end, use_max=True), carry)
+    start = cute.arch.shuffle_sync_up(end, 1)
+    if lane == 0:
+        start = carry
+    return start, end - start, cute.arch.shuffle_sync(end, 31)
+
+
+@cute.jit
+def monotone_end(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32) -> Int32:
+    """The last sequence's end as `monotone_chunk` reads cu_seqlens: m_{num_seqs}, the largest entry after
+    the first clamped into [0, total] (0 if none is positive). Every thread of a warp calls it."""
+    lane = cute.arch.lane_idx()
+    end = Int32(0)
+    for j in cutlass.range(0, num_seqs, 32, unroll=1):
+        if j + lane < num_seqs:
+            end = cutlass.max(end, cutlass.min(cutlass.max(cu_seqlens[j + lane + 1], 0), total))
+    for step in cutlass.range_constexpr(5):
+        end = cutlass.max(end, cute.arch.shuffle_sync_bfly(end, 1 << step))
+    return end
 
 
 @cute.jit
@@ -147,6 +197,36 @@ def tile_of_owned(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: 
                 m_block = local
         base = base + cute.arch.shuffle_sync(incl, 31)
     return seq, m_block, base
+
+
+@cute.jit
+def query_tile_sequence(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32, tile: Int32,
+                        tile_m: cutlass.Constexpr[int]):
+    """The backward's `tile_of_owned` (ascending) with the sequence's rows: (seq, m_block, owned, offset,
+    seqlen) of linear query tile `tile`, cu_seqlens read monotone (`monotone_chunk`: the backward's
+    preprocess and dQ conversion take the caller's tensors unchecked, as its main kernel does). A tile past
+    every sequence gives (num_seqs - 1, a block past its end, owned, the last sequence's end, 0)."""
+    seq = num_seqs - 1
+    m_block = tile
+    base = Int32(0)  # tiles of the chunks already scanned
+    carry = Int32(0)  # the sequence values' running maximum (m_j)
+    offset = Int32(0)
+    seqlen = Int32(0)
+    for j in cutlass.range(0, num_seqs, 32, unroll=1):
+        start, length, next_carry = monotone_chunk(cu_seqlens, j, num_seqs, total, carry)
+        count = (length + tile_m - 1) // tile_m
+        incl = _warp_inclusive_sum(count)
+        first = _owner_lane(incl, base, tile)
+        if first < 32:
+            m_block = tile - base - cute.arch.shuffle_sync(incl - count, first)
+            seq = j + first
+            offset = cute.arch.shuffle_sync(start, first)
+            seqlen = cute.arch.shuffle_sync(length, first)
+        base = base + cute.arch.shuffle_sync(incl, 31)
+        carry = next_carry
+    if base <= tile:
+        offset = carry
+    return seq, m_block, base, offset, seqlen
 
 
 @dsl_user_op
@@ -187,8 +267,9 @@ def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, sequ
     the key tiles all sequences own; then `sequence(...)` of s and its first query tile (the query tiles, of
     `tile_m` rows, of the sequences before it).
 
-    As in `tile_of_owned`, every warp scans the sequences 32 at a time; each lane loads its sequence's key and
-    query bounds (and seqused_k) at once, so the CTA waits for memory once before its first TMA load, where a
+    Both cu_seqlens are read monotone (`monotone_chunk`: the backward takes the caller's values unchecked). As
+    in `tile_of_owned`, every warp scans the sequences 32 at a time; each lane loads its sequence's key and
+    query ends (and seqused_k) at once, so the CTA waits for memory once before its first TMA load, where a
     scan followed by loads of the sequence found waited twice (one CTA per SM: that wait was exposed in every
     wave; the session 28 profile of 32 x 512 tokens put the packed backward 30 us behind the dense one, its extra
     instructions in this prologue). The owner lane's values are shuffled to the warp; the query tiles before it
@@ -206,35 +287,37 @@ def key_tile_sequence(cu_seqlens_q: cute.Tensor, cu_seqlens_k: cute.Tensor, sequ
     offset_k = Int32(0)
     seqlen_k = Int32(0)
     q_tile0 = Int32(0)
+    carry_q = Int32(0)  # the sequence values' running maxima (monotone_chunk)
+    carry_k = Int32(0)
     for j in cutlass.range(0, num_seqs, 32, unroll=1):
-        oq, lq, ok, lk, used = Int32(0), Int32(0), Int32(0), Int32(0), Int32(0)
+        oq, lq, next_q = monotone_chunk(cu_seqlens_q, j, num_seqs, total_q, carry_q)
+        ok, lk, next_k = monotone_chunk(cu_seqlens_k, j, num_seqs, total_k, carry_k)
+        used = Int32(0)
         if j + lane < num_seqs:
-            oq, lq = sequence_bounds(cu_seqlens_q, j + lane, total_q)
-            ok, lk = sequence_bounds(cu_seqlens_k, j + lane, total_k)
             used = used_length(seqused_k, j + lane, lk, use_seqused)
         count = (lk + tile_n - 1) // tile_n
         q_count = (lq + tile_m - 1) // tile_m
         incl = _warp_inclusive_sum(count)
         q_incl = _warp_inclusive_sum(q_count)
-        hits = cute.arch.vote_ballot_sync((base + incl) * heads > cta)
-        if hits != 0:
-            if base * heads <= cta:  # only the chunk holding the CTA (earlier chunks passed it already)
-                first = _lowest_lane(hits)
-                before = base + cute.arch.shuffle_sync(incl - count, first)
-                owner_count = cute.arch.shuffle_sync(count, first)
-                rank = cta - before * heads  # in [0, owner_count * heads)
-                head = rank // owner_count
-                local = rank - head * owner_count
-                key_tile = before + local
-                seq = j + first
-                if cutlass.const_expr(descending):
-                    local = owner_count - 1 - local
-                n_block = local
-                offset_q = cute.arch.shuffle_sync(oq, first)
-                seqlen_q = cute.arch.shuffle_sync(lq, first)
-                offset_k = cute.arch.shuffle_sync(ok, first)
-                seqlen_k = cute.arch.shuffle_sync(used, first)
-                q_tile0 = q_base + cute.arch.shuffle_sync(q_incl - q_count, first)
+        first = _owner_lane(incl * heads, base * heads, cta)  # in CTAs: each key tile has `heads`
+        if first < 32:
+            before = base + cute.arch.shuffle_sync(incl - count, first)
+            owner_count = cute.arch.shuffle_sync(count, first)
+            rank = cta - before * heads  # in [0, owner_count * heads)
+            head = rank // owner_count
+            local = rank - head * owner_count
+            key_tile = before + local
+            seq = j + first
+            if cutlass.const_expr(descending):
+                local = owner_count - 1 - local
+            n_block = local
+            offset_q = cute.arch.shuffle_sync(oq, first)
+            seqlen_q = cute.arch.shuffle_sync(lq, first)
+            offset_k = cute.arch.shuffle_sync(ok, first)
+            seqlen_k = cute.arch.shuffle_sync(used, first)
+            q_tile0 = q_base + cute.arch.shuffle_sync(q_incl - q_count, first)
         base = base + cute.arch.shuffle_sync(incl, 31)
         q_base = q_base + cute.arch.shuffle_sync(q_incl, 31)
+        carry_q = next_q
+        carry_k = next_k
     return seq, n_block, head, key_tile, base, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0

@@ -257,25 +257,75 @@ def tiles_before(cu_seqlens: list[int], seq: int, total: int, tile_m: int) -> in
     return sum((sequence_bounds(cu_seqlens, i, total)[1] + tile_m - 1) // tile_m for i in range(seq))
 
 
+def _scan_max(values: list[int]) -> list[int]:
+    """The 32 lanes' inclusive running maxima as the kernels' shuffle-up scan forms them."""
+    out = list(values)
+    for step in range(5):
+        out = [max(out[lane], out[lane - (1 << step)]) if lane >= (1 << step) else out[lane] for lane in range(32)]
+    return out
+
+
+def monotone_chunk(cu_seqlens: list[int], j: int, num_seqs: int, total: int, carry: int):
+    """fa4gen/device/varlen.py `monotone_chunk`: the 32 lanes' (start, length) of sequences j + lane with the
+    sequence values read monotone (m_0 = 0, m_i = max(m_{i-1}, cu_seqlens[i] clamped into [0, total])), and
+    m_{j+32}; `carry` is m_j."""
+    ends = [min(max(cu_seqlens[j + lane + 1], 0), total) if j + lane < num_seqs else 0 for lane in range(32)]
+    ends = [max(e, carry) for e in _scan_max(ends)]
+    starts = [carry] + ends[:31]
+    return [(a, b - a) for a, b in zip(starts, ends)], ends[31]
+
+
+def monotone_values(cu_seqlens: list[int], num_seqs: int, total: int) -> list[int]:
+    """m_0..m_num_seqs, the sequence values as the backward's kernels read them (what the runtime's sanitised
+    copy held before session 29: the first 0, each entry clamped into [0, total], the running maximum)."""
+    m = [0]
+    for v in cu_seqlens[1:num_seqs + 1]:
+        m.append(max(m[-1], min(max(v, 0), total)))
+    return m
+
+
+def monotone_end(cu_seqlens: list[int], num_seqs: int, total: int) -> int:
+    """fa4gen/device/varlen.py `monotone_end`: m_num_seqs."""
+    return max([0] + [min(max(v, 0), total) for v in cu_seqlens[1:num_seqs + 1]])
+
+
+def query_tile_sequence(cu_seqlens: list[int], num_seqs: int, total: int, tile: int, tile_m: int) -> tuple:
+    """fa4gen/device/varlen.py `query_tile_sequence`: (seq, m_block, owned, offset, seqlen) of linear query
+    tile `tile`, the sequence values read monotone, chunk by chunk as the kernels scan them."""
+    seq, m_block, base, carry, offset, seqlen = num_seqs - 1, tile, 0, 0, 0, 0
+    for j in range(0, num_seqs, 32):
+        lanes, next_carry = monotone_chunk(cu_seqlens, j, num_seqs, total, carry)
+        counts = [(n + tile_m - 1) // tile_m for _, n in lanes]
+        incl = _scan_up(counts)
+        first = _first_past(incl, base, tile)
+        if first is not None:
+            m_block = tile - base - (incl[first] - counts[first])
+            seq = j + first
+            offset, seqlen = lanes[first]
+        base += incl[31]
+        carry = next_carry
+    if base <= tile:
+        offset = carry
+    return seq, m_block, base, offset, seqlen
+
+
 def key_tile_sequence(cu_q: list[int], cu_k: list[int], seqused_k: list[int] | None, num_seqs: int, total_q: int,
                       total_k: int, cta: int, heads: int, tile_n: int, tile_m: int, descending: bool) -> tuple:
     """(seq, n_block, head, key_tile, owned, offset_q, seqlen_q, offset_k, seqlen_k, q_tile0) of linear backward
     CTA `cta` as fa4gen/device/varlen.py's `key_tile_sequence` finds them in one scan: each lane holds its
-    sequence's key and query bounds (seqused_k: None = not used), inclusive prefix sums of both tile counts, the
-    first lane whose (tiles so far) x heads passes `cta`, the head and key tile from the CTA's rank in that
-    sequence's block, its values shuffled out and the query tiles before it as the exclusive prefix."""
-    seq, n_block, head, key_tile, base, q_base = num_seqs - 1, cta, 0, cta, 0, 0
+    sequence's key and query bounds, both read monotone (`monotone_chunk`; seqused_k: None = not used),
+    inclusive prefix sums of both tile counts, the first lane whose (tiles so far) x heads passes `cta`, the
+    head and key tile from the CTA's rank in that sequence's block, its values shuffled out and the query tiles
+    before it as the exclusive prefix."""
+    seq, n_block, head, key_tile, base, q_base, carry_q, carry_k = num_seqs - 1, cta, 0, cta, 0, 0, 0, 0
     found = (0, 0, 0, 0, 0)
     for j in range(0, num_seqs, 32):
+        q_lanes, next_q = monotone_chunk(cu_q, j, num_seqs, total_q, carry_q)
+        k_lanes, next_k = monotone_chunk(cu_k, j, num_seqs, total_k, carry_k)
         lanes = []
-        for lane in range(32):
-            if j + lane < num_seqs:
-                oq, lq = sequence_bounds(cu_q, j + lane, total_q)
-                ok, lk = sequence_bounds(cu_k, j + lane, total_k)
-                used = lk if seqused_k is None else min(max(seqused_k[j + lane], 0), lk)
-                lanes.append((oq, lq, ok, lk, used))
-            else:
-                lanes.append((0, 0, 0, 0, 0))
+        for lane, ((oq, lq), (ok, lk)) in enumerate(zip(q_lanes, k_lanes)):
+            used = 0 if j + lane >= num_seqs else lk if seqused_k is None else min(max(seqused_k[j + lane], 0), lk)
+            lanes.append((oq, lq, ok, lk, used))
         counts = [(lk + tile_n - 1) // tile_n for _, _, _, lk, _ in lanes]
         q_counts = [(lq + tile_m - 1) // tile_m for _, lq, _, _, _ in lanes]
         incl, q_incl = _scan_up(counts), _scan_up(q_counts)
@@ -291,4 +341,5 @@ def key_tile_sequence(cu_q: list[int], cu_k: list[int], seqused_k: list[int] | N
             found = (oq, lq, ok, used, q_base + q_incl[first] - q_counts[first])
         base += incl[31]
         q_base += q_incl[31]
+        carry_q, carry_k = next_q, next_k
     return (seq, n_block, head, key_tile, base) + found
