@@ -308,28 +308,57 @@ def test_summarize_empty():
     assert s.total == 0 and s.opcodes == {} and s.kernels == ()
 
 
+def _line(addr: int, text: str) -> str:
+    """One instruction line as nvdisasm lists it (for hand-made listings)."""
+    return f"        /*{addr:04x}*/                   {text} ;"
+
+
 def test_spills_in_mma_loops_counts_only_the_main_loop():
     """The backward's golden SASS rule: spills around the loops are tolerated, none inside a loop
     whose body issues one iteration's MMAs (out-of-line wait loops that branch back across the main
     loop hold a different MMA count and are not main loops)."""
     from fa4gen.compile.sass import mma_loops, spills_in_mma_loops
 
-    def line(addr, text):
-        return f"        /*{addr:04x}*/                   {text} ;"
-
     sass = "\n".join([
-        line(0x00, "STL [R1], R3"),  # before the loop: tolerated
+        _line(0x00, "STL [R1], R3"),  # before the loop: tolerated
         ".L_x_1:",
-        line(0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"),
-        line(0x20, "LDL R5, [R1]"),  # inside: counted
-        line(0x30, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"),
-        line(0x40, "@P0 BRA `(.L_x_1)"),
-        line(0x50, "LDL R6, [R1]"),  # after: tolerated
-        line(0x60, "EXIT"),
+        _line(0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"),
+        _line(0x20, "LDL R5, [R1]"),  # inside: counted
+        _line(0x30, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24"),
+        _line(0x40, "@P0 BRA `(.L_x_1)"),
+        _line(0x50, "LDL R6, [R1]"),  # after: tolerated
+        _line(0x60, "EXIT"),
     ])
     assert len(mma_loops(sass, 2)) == 1 and mma_loops(sass, 3) == []
     assert spills_in_mma_loops(sass, 2) == 1
     assert spills_in_mma_loops(sass.replace("LDL R5, [R1]", "IADD3 R5, R5, 1, RZ"), 2) == 0
+
+
+def test_loops_can_leave_out_the_jump_back_of_an_out_of_line_wait():
+    """A consumer wait that polls first (fa4gen/device/sm90.py TryFirstTmaPipeline) moves the hinted retry of a
+    missed mbarrier wait out of line, after the loop; its jump back into the loop body closes a backward-branch
+    region that `loops` reports (the listing between them, no iteration): `wait_returns=False` leaves it out and
+    keeps the loop itself, whose closing branch is conditional."""
+    from fa4gen.compile.sass import loops, wait_return
+
+    sass = "\n".join([
+        ".L_x_1:",
+        _line(0x10, "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R8+URZ+0x10], R15"),
+        _line(0x20, "@!P0 BRA `(.L_x_9)"),
+        ".L_x_2:",
+        _line(0x30, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ"),
+        _line(0x40, "@P1 BRA `(.L_x_1)"),
+        _line(0x50, "EXIT"),
+        ".L_x_9:",
+        _line(0x60, "@!P0 NANOSLEEP.SYNCS 0x989680"),
+        _line(0x70, "@!P0 SYNCS.PHASECHK.TRANS64 P0, [R8+URZ+0x10], R15"),
+        _line(0x80, "@!P0 BRA `(.L_x_9)"),
+        _line(0x90, "BRA `(.L_x_2)"),
+    ])
+    found = loops(sass)
+    assert [wait_return(b) for b in found] == [False, False, True]  # the loop, the retry, the jump back
+    kept = loops(sass, wait_returns=False)
+    assert len(kept) == 2 and kept[0] == found[0] and not any(wait_return(b) for b in kept)
 
 
 def test_sass_loops_tool_counts_opcodes_per_loop():
@@ -338,17 +367,14 @@ def test_sass_loops_tool_counts_opcodes_per_loop():
 
     tool = load_tool("sass_loops")
 
-    def line(addr, text):
-        return f"        /*{addr:04x}*/                   {text} ;"
-
     sass = "\n".join([
         ".L_x_1:",
-        line(0x10, "UMOV UR17, 0x40000040"),
-        line(0x20, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"),
-        line(0x30, "@!P0 NANOSLEEP.SYNCS 0x989680"),
-        line(0x40, "UMOV UR19, 0x40000040"),
-        line(0x50, "@P0 BRA `(.L_x_1)"),
-        line(0x60, "EXIT"),
+        _line(0x10, "UMOV UR17, 0x40000040"),
+        _line(0x20, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT"),
+        _line(0x30, "@!P0 NANOSLEEP.SYNCS 0x989680"),
+        _line(0x40, "UMOV UR19, 0x40000040"),
+        _line(0x50, "@P0 BRA `(.L_x_1)"),
+        _line(0x60, "EXIT"),
     ])
     assert tool.loop_rows(sass) == [(5, 1, 0, 0)]
     (ops,) = tool.loop_ops(sass)

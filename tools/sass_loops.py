@@ -32,7 +32,9 @@ def _mma_loops(sass_text: str, min_mma: int) -> list[tuple[list[str], int]]:
     """(body, MMA count) of every loop with at least `min_mma` MMA instructions."""
     from fa4gen.compile.sass import loops
 
-    counted = ((body, sum(any(op in b for op in MMA_OPS) for b in body)) for body in loops(sass_text))
+    # (an out-of-line wait's jump back into a loop body closes a region that is no loop: left out)
+    bodies = loops(sass_text, wait_returns=False)
+    counted = ((body, sum(any(op in b for op in MMA_OPS) for b in body)) for body in bodies)
     return [(body, mma) for body, mma in counted if mma >= min_mma]
 
 

@@ -207,17 +207,28 @@ _BACK_BRANCH_RE = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
 _SASS_LINE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/")
 
 
-def loops(sass_text: str) -> list[list[str]]:
+def loops(sass_text: str, wait_returns: bool = True) -> list[list[str]]:
     """The instruction lines of every loop: a backward branch to a label above it (nested loops and
-    out-of-line wait loops that branch back across others included), in listing order."""
+    out-of-line wait loops that branch back across others included), in listing order. With
+    `wait_returns` False, without the regions closed by an out-of-line mbarrier wait's jump back into the code
+    it left (`wait_return`): they hold no iteration of anything, only the listing between the two."""
     lines = sass_text.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL_RE.match(line))}
     found = []
     for i, line in enumerate(lines):
         m = _BACK_BRANCH_RE.search(line)
         if m and labels.get(m.group(1), i) < i:
-            found.append([b for b in lines[labels[m.group(1)]:i + 1] if _SASS_LINE_RE.match(b)])
+            body = [b for b in lines[labels[m.group(1)]:i + 1] if _SASS_LINE_RE.match(b)]
+            if wait_returns or not wait_return(body):
+                found.append(body)
     return found
+
+
+def wait_return(body: list[str]) -> bool:
+    """Whether a loop found by `loops` is closed by the unconditional jump that ends an out-of-line mbarrier
+    wait (a poll that missed branches there: a retry of `SYNCS.PHASECHK` with NANOSLEEP, then back)."""
+    return bool(body) and re.search(r"\bBRA\b", body[-1]) is not None and "@" not in body[-1] and any(
+        "SYNCS.PHASECHK" in b for b in body[-4:-1])
 
 
 def mma_loops(sass_text: str, per_iteration: int, mma: str = "HGMMA") -> list[list[str]]:

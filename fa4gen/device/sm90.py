@@ -4,6 +4,7 @@ backward's fragment-order dQ chunks.
 Kept out of the templates so that every generated SM90 kernel wires the same, tested pieces.
 """
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -25,10 +26,26 @@ def tma_split(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
     return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2), cute.group_modes(g, 0, 2))
 
 
+@dataclasses.dataclass(frozen=True)
+class TryFirstTmaPipeline(pipeline.PipelineTmaAsync):
+    """`PipelineTmaAsync` whose consumer wait polls the stage's full barrier once (mbarrier.try_wait) before
+    it waits: CUTLASS's wait is a retry loop of try_wait with a 10 ms suspend-time hint, which ptxas compiles to
+    TRYWAIT then, on a miss, NANOSLEEP.SYNCS in the hot loop; with the poll first the loop's fast path is one
+    TRYWAIT and a branch, the hinted wait out of line (flash-attn-4's SM90 forward waits this way:
+    `consumer_wait(state, consumer_try_wait(state))`). A caller's own token is used as given."""
+
+    @dsl_user_op
+    def consumer_wait(self, state, try_wait_token=None, *, loc=None, ip=None):
+        if try_wait_token is None:
+            try_wait_token = self.consumer_try_wait(state, loc=loc, ip=ip)
+        super().consumer_wait(state, try_wait_token, loc=loc, ip=ip)
+
+
 def tma_pipeline(mbar, stages: int, nbytes: int, consumer_warps: int) -> pipeline.PipelineTmaAsync:
     """A TMA-fed pipeline: one producer thread arms each stage for `nbytes`; every consumer warp
-    releases it once. Barrier init is deferred: the caller fences and syncs once for all pipelines."""
-    return pipeline.PipelineTmaAsync.create(
+    releases it once. Barrier init is deferred: the caller fences and syncs once for all pipelines.
+    Its consumer waits poll first (`TryFirstTmaPipeline`)."""
+    made = pipeline.PipelineTmaAsync.create(
         barrier_storage=mbar.data_ptr(),
         num_stages=stages,
         producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
@@ -36,6 +53,7 @@ def tma_pipeline(mbar, stages: int, nbytes: int, consumer_warps: int) -> pipelin
         tx_count=nbytes,
         defer_sync=True,
     )
+    return TryFirstTmaPipeline(*(getattr(made, f.name) for f in dataclasses.fields(made)))
 
 
 # -- the backward's dQ hand-off in fragment order --------------------------------------------------
