@@ -6,13 +6,15 @@
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
         --section ComputeWorkloadAnalysis --section LaunchStats python3 tools/bwd_ncu.py 128 8192 n
 
-Arguments: head dim (D or DxDV, e.g. 192x128), seqlen, causal y/n [--swap] [--det] [--fwd] (batch
+Arguments: head dim (D or DxDV, e.g. 192x128), seqlen, causal y/n [--swap] [--det] [--fwd] [--cudnn] (batch
 16384/seqlen, heads 2048/D as in bench_fwd.py). Each implementation runs one backward (compiled on its first call, before its kernels
 launch), so `-c 2` profiles fa4gen's main kernel, then flash-attn-4's (`--swap -c 3`: fa4gen's, its Sᵀ
 variant's, flash-attn-4's). For the per-instruction view add `--section SourceCounters --page source
 --csv --print-source sass > ncu.csv` and read it with `python3 tools/ncu_compare.py ncu.csv`.
 `--det` adds fa4gen's deterministic backward after the default one (`-c 3`: fa4gen's, its deterministic
-one's, flash-attn-4's; with --swap too, `-c 4`). `--fwd` runs one forward of each instead (profile with -k regex:'FlashFwdSm90|FlashAttentionForwardSm90').
+one's, flash-attn-4's; with --swap too, `-c 4`). `--cudnn` adds torch SDPA's cuDNN attention last (forward or
+backward; its kernels are named by cuDNN, e.g. `-k regex:'FlashFwdSm90|FlashAttentionForwardSm90|cudnn|sdpa|fmha'`
+with one more in `-c`; the kernel names to match are in ncu's own listing without -k). `--fwd` runs one forward of each instead (profile with -k regex:'FlashFwdSm90|FlashAttentionForwardSm90').
 A seqlen written vLO-HI (e.g. `64 v512-512 n`) runs the varlen backward instead, on the packing
 tools/bwd_profile.py and tools/bench_varlen.py use (16384 tokens, MHA), with flash-attn-4's varlen function;
 `--dense` adds fa4gen's dense backward on the same tokens as batch 16384 / HI sequences of HI (meaningful
@@ -24,7 +26,7 @@ import sys
 import torch
 
 import fa4gen
-from bench_fwd import _bwd_spec, _fa4, _first, _fwd_spec
+from bench_fwd import _bwd_spec, _fa4, _first, _fwd_spec, _sdpa, _sdpa_bshd
 
 
 def main():
@@ -36,6 +38,7 @@ def main():
     fwd = "--fwd" in sys.argv[4:]  # forwards only: fa4gen's forward kernel, then flash-attn-4's
     swap = "--swap" in sys.argv[4:]  # also fa4gen's Sᵀ backward (pipeline.bwd_swap_ab), profiled second
     det = "--det" in sys.argv[4:]  # also fa4gen's deterministic backward, profiled after the default one
+    cudnn = "--cudnn" in sys.argv[4:]  # also torch SDPA's cuDNN attention, profiled last
     b, h = 16384 // s, 2048 // d
     q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd) for _ in range(2))
     v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
@@ -45,6 +48,8 @@ def main():
         fa4 = _fa4()
         if fa4 is not None:
             fa4(q, k, v, causal=causal)
+        if cudnn:
+            _sdpa_bshd(_sdpa("cudnn"), causal)(q, k, v)
         torch.cuda.synchronize()
         return
     runs = [fa4gen.build(_bwd_spec(d, causal, False, dv=dv)).attention]
@@ -55,6 +60,8 @@ def main():
     fa4 = _fa4()
     if fa4 is not None:
         runs.append(lambda q, k, v: _first(fa4(q, k, v, causal=causal)))
+    if cudnn:
+        runs.append(_sdpa_bshd(_sdpa("cudnn"), causal))
     for run in runs:
         out = run(q, k, v)
         out.backward(torch.randn_like(out))
