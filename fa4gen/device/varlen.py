@@ -131,6 +131,15 @@ def _owner_lane(incl: Int32, base: Int32, tile: Int32) -> Int32:
 
 
 @cute.jit
+def _clamped_end(cu_seqlens: cute.Tensor, j: Int32, num_seqs: Int32, total: Int32) -> Int32:
+    """Lane l's cu_seqlens[j + l + 1] clamped into [0, total], 0 for lanes past the last sequence."""
+    end = Int32(0)
+    if j + cute.arch.lane_idx() < num_seqs:
+        end = cutlass.min(cutlass.max(cu_seqlens[j + cute.arch.lane_idx() + 1], 0), total)
+    return end
+
+
+@cute.jit
 def monotone_chunk(cu_seqlens: cute.Tensor, j: Int32, num_seqs: Int32, total: Int32, carry: Int32):
     """Sequences j + lane (a warp's chunk of 32) as the backward reads cu_seqlens: monotone, the values
     m_0 = 0, m_i = max(m_{i-1}, cu_seqlens[i] clamped into [0, total]), sequence i at [m_i, m_{i+1}) — valid
@@ -139,13 +148,9 @@ def monotone_chunk(cu_seqlens: cute.Tensor, j: Int32, num_seqs: Int32, total: In
     backward's buffers hold nor reach outside the packed rows. `carry` is m_j (0 for the first chunk).
     Returns each lane's (start, length) (lanes past the last sequence: empty, at the chunk's end) and m_{j+32}
     for the next chunk. One load per lane (cu_seqlens[j + lane + 1]; the start is the lane below's end)."""
-    lane = cute.arch.lane_idx()
-    end = Int32(0)
-    if j + lane < num_seqs:
-        end = cutlass.min(cutlass.max(cu_seqlens[j + lane + 1], 0), total)
-    end = cutlass.max(_warp_inclusive_sum(end, use_max=True), carry)
+    end = cutlass.max(_warp_inclusive_sum(_clamped_end(cu_seqlens, j, num_seqs, total), use_max=True), carry)
     start = cute.arch.shuffle_sync_up(end, 1)
-    if lane == 0:
+    if cute.arch.lane_idx() == 0:
         start = carry
     return start, end - start, cute.arch.shuffle_sync(end, 31)
 
@@ -154,11 +159,9 @@ def monotone_chunk(cu_seqlens: cute.Tensor, j: Int32, num_seqs: Int32, total: In
 def monotone_end(cu_seqlens: cute.Tensor, num_seqs: Int32, total: Int32) -> Int32:
     """The last sequence's end as `monotone_chunk` reads cu_seqlens: m_{num_seqs}, the largest entry after
     the first clamped into [0, total] (0 if none is positive). Every thread of a warp calls it."""
-    lane = cute.arch.lane_idx()
     end = Int32(0)
     for j in cutlass.range(0, num_seqs, 32, unroll=1):
-        if j + lane < num_seqs:
-            end = cutlass.max(end, cutlass.min(cutlass.max(cu_seqlens[j + lane + 1], 0), total))
+        end = cutlass.max(end, _clamped_end(cu_seqlens, j, num_seqs, total))
     for step in cutlass.range_constexpr(5):
         end = cutlass.max(end, cute.arch.shuffle_sync_bfly(end, 1 << step))
     return end
