@@ -35,3 +35,6 @@ def test_ncu_compare_sums_per_opcode_and_per_iteration():
     # per iteration: the 100x HGMMA and UMOV, and the STS run half as often (a per-warpgroup branch)
     assert "one hot-loop iteration per warp: 2 instructions: HGMMA 1, UMOV 1, STS 0" in out
     assert "barrier 75.0%, long_sb 25.0%" in out
+    # the 100x HGMMA and UMOV form one group (32 of 40 samples), the 50x STS another, the 1x EXIT a third
+    assert tool.by_count(rows) == [(100.0, (2, 32.0, 200.0)), (50.0, (1, 8.0, 50.0)), (1.0, (1, 0.0, 1.0))]
+    assert "x100           2 instructions   80.0% of stall samples,  79.7% of instructions executed" in out

@@ -2,7 +2,8 @@
 --page source --csv --print-source sass > ncu.csv`, one block per profiled kernel, e.g. from
 tools/bwd_ncu.py): per kernel, instructions executed by opcode with their shared-memory wavefronts
 (and the ideal count) and share of stall samples, the stall reasons, the instructions of one hot-loop
-iteration (those executed at least half as often as the most frequent HGMMA), and the top stall
+iteration (those executed at least half as often as the most frequent HGMMA), the stall samples of each
+group of instructions executed equally often (`by_count`: per key block, per tile, ...), and the top stall
 sites. Runs anywhere (no GPU): `python3 tools/ncu_compare.py ncu.csv [--top 25]`.
 """
 
@@ -45,6 +46,21 @@ def opcode(source: str) -> str:
     return tokens[0].split(".")[0] if tokens else ""
 
 
+def by_count(rows: list[dict]) -> list[tuple[float, tuple[int, float, float]]]:
+    """(execution count, (instructions, stall samples, instructions executed)) per group of instructions that
+    ran equally often, most stall samples first: a persistent kernel's per-key-block loop, its per-tile code
+    (first block, last P·V, epilogue) and its producer separate by their counts."""
+    groups: dict[float, list[float]] = {}
+    for r in rows:
+        n = _num(r, "Instructions Executed")
+        if n:
+            g = groups.setdefault(n, [0, 0.0, 0.0])
+            g[0] += 1
+            g[1] += _num(r, SAMPLES)
+            g[2] += n
+    return sorted(((n, tuple(g)) for n, g in groups.items()), key=lambda item: -item[1][1])
+
+
 def report(name: str, rows: list[dict], top: int) -> str:
     executed, wavefronts, ideal, samples, stalls = Counter(), Counter(), Counter(), Counter(), Counter()
     for r in rows:
@@ -71,6 +87,11 @@ def report(name: str, rows: list[dict], top: int) -> str:
                 per_iter[opcode(r["Source"])] += n / hmma
         out.append(f"  one hot-loop iteration per warp: {sum(per_iter.values()):.0f} instructions: "
                    + ", ".join(f"{k} {v:.0f}" for k, v in per_iter.most_common(top)))
+    out.append("  stall samples by execution count (code run equally often: a hot loop's body, a tile's "
+               "prologue and epilogue, ...):")
+    for count, (n_instr, share, issued) in by_count(rows)[:6]:
+        out.append(f"    x{count:<9.4g} {n_instr:5d} instructions  {100 * share / sampled:5.1f}% of stall samples, "
+                   f"{100 * issued / total:5.1f}% of instructions executed")
     out.append("  top stall sites:")
     for r in sorted(rows, key=lambda r: -_num(r, SAMPLES))[:12]:
         reason = max(((_num(r, k), k[6:]) for k in r if k.startswith("stall_") and "Not Issued" not in k),
