@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,57 +162,175 @@ def diff_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
     return lines
 
 
-def compile_package(
-    pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool, progress=None, cache=None
-) -> list[KernelReport]:
-    """Compile `plans` of the rendered package `pkg_dir` (importable as `package_name`) into `cache` (the
-    default kernel cache when None); a report per plan, a failed compile included."""
+@dataclass(frozen=True)
+class CompileJob:
+    """One kernel to compile: module `plan.module` of the rendered package in `pkg_dir`, importable as
+    `package_name` (`label` names it in progress lines)."""
+    pkg_dir: Path
+    package_name: str
+    plan: KernelPlan
+    label: str = ""
+
+    def describe(self) -> str:
+        return f"{self.label or self.package_name}.{self.plan.module} ({self.plan.cute_arch})"
+
+
+def compile_workers(requested: int, pending: int) -> int:
+    """The compile processes for `pending` kernels: `requested`, or with 0 (auto) one per CPU this process may
+    run on and per 1.5 GB of available memory (a compile process peaks at ~0.6 GB: torch, CuTe-DSL and one
+    kernel's MLIR), never more than the kernels. 1 compiles in this process."""
+    if requested < 0:
+        raise ValueError(f"jobs: expected 0 (auto) or a positive count, got {requested}")
+    if requested == 0:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        requested = max(1, min(cpus, _available_memory() // (3 << 29)))
+    return max(1, min(requested, pending))
+
+
+def _available_memory() -> int:
+    """Bytes of memory available to new processes (MemAvailable), or a large number when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 40
+
+
+def _compile_one(pkg_dir: str, package_name: str, plan: dict, keep_sass: bool, cache_root: str | None) -> KernelReport:
+    """Compile one kernel (in this process, or in a compile process of `compile_jobs`): its report, a
+    failure included."""
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.generated import compile_generated
 
+    try:
+        res = compile_generated(
+            Path(pkg_dir) / f"{plan['module']}.py", f"{package_name}.{plan['module']}", plan,
+            cache=DiskCache(Path(cache_root) if cache_root is not None else None), keep_sass=keep_sass,
+        )
+    except Exception as err:  # noqa: BLE001 - reported per kernel, the build goes on
+        return KernelReport(plan["arch"], plan["module"], "failed", f"{type(err).__name__}: {err}")
+    return KernelReport(
+        plan["arch"], plan["module"], "cached" if res.cache_hit else "compiled", meta=dict(res.meta),
+        seconds=res.seconds,
+    )
+
+
+def compile_jobs(
+    jobs: list[CompileJob], *, keep_sass: bool, workers: int = 1, log=None, cache=None
+) -> list[KernelReport]:
+    """Compile `jobs` into `cache` (the default kernel cache when None): a report per job, in order.
+
+    Kernels the cache already holds are reported from it without loading them; the rest compile in this
+    process (`workers` 1, or a single kernel to compile) or in `workers` spawned processes at once (0: auto,
+    `compile_workers`), backward kernels first (the longest compiles). CuTe-DSL compiles one kernel per
+    process at a time, so a build of many kernels is as many times faster as there are idle cores. `log`
+    gets a line per kernel as it starts (in this process) or finishes (in compile processes)."""
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.generated import cached_meta
+
     cache = cache if cache is not None else DiskCache()
-    reports = []
-    for plan in plans:
-        if progress is not None:
-            progress(plan)
+    say = log or (lambda line: None)
+    reports: list[KernelReport | None] = [None] * len(jobs)
+    todo = []
+    for i, job in enumerate(jobs):
+        plan = job.plan.to_dict()
+        meta = cached_meta(job.pkg_dir / f"{job.plan.module}.py", plan, cache, keep_sass=keep_sass)
+        if meta is not None:
+            reports[i] = KernelReport(job.plan.arch, job.plan.module, "cached", meta=meta)
+        else:
+            todo.append((i, job, plan))
+    workers = compile_workers(workers, len(todo)) if todo else 1
+    root = str(cache.root)
+    if workers == 1:
+        for i, job, plan in todo:
+            say(f"compiling {job.describe()} ...")
+            reports[i] = _compile_one(str(job.pkg_dir), job.package_name, plan, keep_sass, root)
+        return reports
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    todo.sort(key=lambda t: t[2]["direction"] != "bwd")  # the longest first
+    say(f"compiling {len(todo)} kernels in {workers} processes ...")
+    start = time.perf_counter()
+    # spawned, not forked: the caller may hold CUDA or threads; the children get this process's sys.path
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_one, str(job.pkg_dir), job.package_name, plan, keep_sass, root): (i, job)
+                   for i, job, plan in todo}
         try:
-            res = compile_generated(
-                pkg_dir / f"{plan.module}.py", f"{package_name}.{plan.module}", plan.to_dict(),
-                cache=cache, keep_sass=keep_sass,
-            )
-        except Exception as err:  # noqa: BLE001 - reported per kernel, the build goes on
-            reports.append(KernelReport(plan.arch, plan.module, "failed", f"{type(err).__name__}: {err}"))
-            continue
-        reports.append(KernelReport(
-            plan.arch, plan.module, "cached" if res.cache_hit else "compiled", meta=dict(res.meta), seconds=res.seconds,
-        ))
+            for done, future in enumerate(as_completed(futures), 1):
+                i, job = futures[future]
+                try:
+                    report = future.result()
+                except BrokenProcessPool as err:
+                    report = KernelReport(job.plan.arch, job.plan.module, "failed",
+                                          f"its compile process died ({err}); `--jobs 1` compiles it in this process")
+                reports[i] = report
+                took = f" in {report.seconds:.1f} s" if report.status == "compiled" else ""
+                elapsed = time.perf_counter() - start
+                say(f"[{done}/{len(todo)}, {elapsed:.0f} s] {job.describe()}: {report.status}{took}")
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     return reports
 
 
+def compile_package(
+    pkg_dir: Path, package_name: str, plans: list[KernelPlan], *, keep_sass: bool, progress=None, cache=None,
+    workers: int = 1,
+) -> list[KernelReport]:
+    """Compile `plans` of the rendered package `pkg_dir` (importable as `package_name`) into `cache` (the
+    default kernel cache when None); a report per plan, a failed compile included (`compile_jobs`;
+    `progress` gets its lines)."""
+    jobs = [CompileJob(Path(pkg_dir), package_name, plan) for plan in plans]
+    return compile_jobs(jobs, keep_sass=keep_sass, workers=workers, log=progress, cache=cache)
+
+
 def compile_for_sass(
-    spec: AttentionSpec, plans: list[KernelPlan], root: Path, package: str
+    spec: AttentionSpec, plans: list[KernelPlan], root: Path, package: str, *, workers: int = 0
 ) -> list[tuple[KernelPlan, KernelReport, str | None]]:
     """Render `plans` of `spec` into root/<package>/ and compile them, SASS kept, into a kernel cache of
     their own under root/cache (CPU-side inspection: tools/sass_loops.py, tools/spill_sweep.py, SASS
     tests). (plan, report, its SASS listing or None when the compile failed) per plan."""
+    return compile_specs_for_sass([(spec, plans)], root, package, workers=workers)[0]
+
+
+def compile_specs_for_sass(
+    pairs: list[tuple[AttentionSpec, list[KernelPlan]]], root: Path, package: str, *, workers: int = 0, log=None
+) -> list[list[tuple[KernelPlan, KernelReport, str | None]]]:
+    """`compile_for_sass` for several (spec, plans) at once (specs of distinct names), their kernels compiled
+    together in `workers` processes (`compile_jobs`, which gives `log` its progress lines; 0: auto); one list
+    per pair."""
     import sys
 
     from fa4gen.compile.aot import SASS_FILE
     from fa4gen.compile.cache import DiskCache
 
     cache = DiskCache(root / "cache")
-    write_package(render_package(spec, plans, spec_label=package, unavailable={}), root / package)
+    jobs = []
+    for spec, plans in pairs:
+        write_package(render_package(spec, plans, spec_label=package, unavailable={}), root / package)
+        jobs += [CompileJob(root / package / spec.name, f"{package}.{spec.name}", plan, spec.name) for plan in plans]
     sys.path.insert(0, str(root))
     try:
-        reports = compile_package(root / package / spec.name, f"{package}.{spec.name}", plans, keep_sass=True,
-                                  cache=cache)
+        reports = iter(compile_jobs(jobs, keep_sass=True, workers=workers, cache=cache, log=log))
     finally:
         sys.path.remove(str(root))
     entries = {e.meta.get("name"): e for e in cache.ls()}
     out = []
-    for plan, report in zip(plans, reports):
-        entry = entries.get(f"{spec.name}.{plan.module}")
-        out.append((plan, report, entry.file(SASS_FILE).read_text() if entry is not None else None))
+    for spec, plans in pairs:
+        rows = []
+        for plan in plans:
+            report, entry = next(reports), entries.get(f"{spec.name}.{plan.module}")
+            rows.append((plan, report, entry.file(SASS_FILE).read_text() if entry is not None else None))
+        out.append(rows)
     return out
 
 
@@ -238,6 +358,7 @@ def build_module(spec: Any, *, out_dir: str | Path | None = None):
 
 
 __all__ = [
+    "CompileJob", "compile_jobs", "compile_specs_for_sass", "compile_workers",
     "orphan_packages", "spec_label", "KernelReport", "NotAvailableError", "PlanError", "SpecError", "SpecReport", "build_module",
     "compile_package", "diff_package", "plan_spec", "render_spec", "write_package",
 ]

@@ -345,10 +345,11 @@ def _cli(args, monkeypatch, cwd):
 def test_inspect_exits_1_when_a_kernel_fails_to_compile(monkeypatch):
     import fa4gen.cli.build_cmds as cmds
 
-    def failing(pkg, name, plans, **_):
-        return [cmds.KernelReport(p.arch, p.module, "failed", "RuntimeError: nvdisasm failed (exit 3)") for p in plans]
+    def failing(jobs, **_):
+        return [cmds.KernelReport(j.plan.arch, j.plan.module, "failed", "RuntimeError: nvdisasm failed (exit 3)")
+                for j in jobs]
 
-    monkeypatch.setattr(cmds, "compile_package", failing)
+    monkeypatch.setattr(cmds, "compile_jobs", failing)
     result = _cli(["inspect", "specs/mistral_7b.yaml"], monkeypatch, ROOT)
     assert result.exit_code == 1 and "failed" in result.output and "nvdisasm failed" in result.output
 

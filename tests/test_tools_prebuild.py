@@ -13,7 +13,6 @@ SPEC = dict(name="prebuild_probe", targets=["sm90"], dtype="bf16", head_dim=64, 
 
 
 def _tool():
-    # imported by name from tools/ (not load_tool): the spawned workers unpickle `prebuild.compile_job`
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import prebuild
@@ -22,15 +21,25 @@ def _tool():
     return prebuild
 
 
-def test_jobs_cover_every_kernel_of_each_spec_once():
+def test_jobs_cover_every_kernel_of_each_spec_once(tmp_path, cache_root):
+    from fa4gen import build
     from fa4gen.builder import plan_spec
     from fa4gen.spec import spec_from_dict
 
     tool = _tool()
     modules = [p.module for p in plan_spec(spec_from_dict(SPEC, source="<dict>"))[0]]
-    jobs = tool.jobs_of([SPEC, dict(SPEC), {**SPEC, "name": "prebuild_probe2"}])
-    assert [m for _, m in jobs] == modules * 2  # the repeated dict once, the renamed spec again
-    assert {d["name"] for d, _ in jobs} == {"prebuild_probe", "prebuild_probe2"}
+    # the repeated dict once, the renamed spec again, and one of the same name with another head dim in a
+    # folder of its own (not over the first one's modules)
+    other = {**SPEC, "head_dim": 128, "head_dim_v": 128}
+    jobs = tool.jobs_of([SPEC, dict(SPEC), {**SPEC, "name": "prebuild_probe2"}, other], tmp_path)
+    assert [j.plan.module for j in jobs[:2 * len(modules)]] == modules * 2
+    assert [j.label for j in jobs] == ["prebuild_probe"] * len(modules) + ["prebuild_probe2"] * len(modules) + [
+        "prebuild_probe"] * (len(jobs) - 2 * len(modules))
+    assert len({j.pkg_dir for j in jobs}) == 3
+    # each module's text is what fa4gen.build renders for that dict (so the cache key is the same)
+    built = Path(build(SPEC).__file__).parent
+    for job in jobs[:len(modules)]:
+        assert (job.pkg_dir / f"{job.plan.module}.py").read_text() == (built / f"{job.plan.module}.py").read_text()
 
 
 @pytest.mark.compile

@@ -65,26 +65,31 @@ def _mma_loop_spills(sass: str, loops) -> list[tuple[int, int, int]]:
     return rows
 
 
-def sweep(specs, out_rows, directions=("fwd", "bwd")):
-    from fa4gen.builder import compile_for_sass, plan_spec
+def sweep(specs, out_rows, directions=("fwd", "bwd"), workers=0):
+    from fa4gen.builder import compile_specs_for_sass, plan_spec
     from fa4gen.compile.sass import loops
     from fa4gen.plan import PlanError
     from fa4gen.spec import spec_from_dict
 
+    pairs = []
+    for data in specs:
+        try:
+            spec = spec_from_dict(data)
+            plans, _ = plan_spec(spec, archs=["sm90"])
+            plans = [p for p in plans if p.direction in directions]
+        except (PlanError, ValueError) as err:  # a combination the planner refuses (reported, not a spill)
+            out_rows.append(dict(spec=data["name"], refused=str(err).splitlines()[0][:160]))
+            print(f"{data['name']}: refused: {str(err).splitlines()[0][:120]}", flush=True)
+            continue
+        pairs.append((spec, plans))
     with tempfile.TemporaryDirectory(prefix="fa4gen-spills-") as tmp:
-        for data in specs:
-            try:
-                spec = spec_from_dict(data)
-                plans, _ = plan_spec(spec, archs=["sm90"])
-                plans = [p for p in plans if p.direction in directions]
-            except (PlanError, ValueError) as err:  # a combination the planner refuses (reported, not a spill)
-                out_rows.append(dict(spec=data["name"], refused=str(err).splitlines()[0][:160]))
-                print(f"{data['name']}: refused: {str(err).splitlines()[0][:120]}", flush=True)
-                continue
-            for plan, report, sass in compile_for_sass(spec, plans, Path(tmp), "sw_gen"):
+        # every variant's kernels compile together, in as many processes as the machine allows
+        progress = lambda line: print(line, flush=True)  # noqa: E731
+        for rows in compile_specs_for_sass(pairs, Path(tmp), "sw_gen", workers=workers, log=progress):
+            for plan, report, sass in rows:
                 if sass is None:
-                    out_rows.append(dict(spec=spec.name, kernel=plan.module, error=report.detail or "not compiled"))
-                    print(f"{spec.name} {plan.module}: NOT COMPILED {report.detail}", flush=True)
+                    out_rows.append(dict(spec=plan.name, kernel=plan.module, error=report.detail or "not compiled"))
+                    print(f"{plan.name} {plan.module}: NOT COMPILED {report.detail}", flush=True)
                     continue
                 per_fn = {}
                 for fn, body in _functions(sass):
@@ -92,11 +97,11 @@ def sweep(specs, out_rows, directions=("fwd", "bwd")):
                     if n:
                         per_fn[_short(fn)] = per_fn.get(_short(fn), 0) + n
                 in_loops = _mma_loop_spills(sass, loops)
-                row = dict(spec=spec.name, kernel=plan.module, tile_m=plan.tile_m, tile_n=plan.tile_n,
+                row = dict(spec=plan.name, kernel=plan.module, tile_m=plan.tile_m, tile_n=plan.tile_n,
                            spills=per_fn, mma_loops_with_spills=in_loops)
                 out_rows.append(row)
                 flag = "" if not per_fn else f"  SPILLS {per_fn}; MMA loops (instructions, MMAs, LDL/STL): {in_loops}"
-                print(f"{spec.name} {plan.module} {plan.tile_m}x{plan.tile_n}{flag}", flush=True)
+                print(f"{plan.name} {plan.module} {plan.tile_m}x{plan.tile_n}{flag}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -110,6 +115,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--only", choices=("fwd", "bwd"), default=None, help="compile only this direction's kernels")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: one per CPU, as memory allows)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
@@ -118,7 +124,7 @@ def main(argv=None) -> int:
                      flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","))
     rows = []
     try:
-        sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"))
+        sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs)
     finally:
         if args.out is not None:
             args.out.write_text(json.dumps(rows, indent=1))

@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 
 from fa4gen.builder import (
-    KernelReport, compile_package, diff_package, orphan_packages, plan_spec, render_spec, spec_label, write_package,
+    CompileJob, KernelReport, compile_jobs, diff_package, orphan_packages, plan_spec, render_spec, spec_label,
+    write_package,
 )
 from fa4gen.cli.main import _load_all, _table, exit_with_problems, head_dims, main
 from fa4gen.plan import ARCHS, NotAvailableError, PlanError, plan_kernels
@@ -78,12 +79,18 @@ def plan(spec: str, arch: str | None, as_json: bool) -> None:
 @click.option("--arch", "archs", type=ARCH_CHOICE, multiple=True, help="Compile only these targets (repeatable).")
 @click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path))
 @click.option("--sass/--no-sass", default=True, show_default=True, help="Disassemble compiled kernels for the summary.")
-def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[str, ...], out: Path, sass: bool) -> None:
+@click.option("--jobs", "-j", default=0, show_default=True, type=click.IntRange(min=0),
+              help="With --compile: compile processes at once (0: one per CPU, as memory allows; 1: in this process).")
+def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[str, ...], out: Path, sass: bool,
+          jobs: int) -> None:
     """Generate generated/<name>/ for each spec (default: every spec in specs/)."""
     loaded, problems = _load_all(list(specs) or ["specs"])
     rows = [("spec", "arch", "kernel", "status", "compile", "regs", "smem", "spills", "MMA", "MUFU.EX2")]
     stale: list[str] = []
-    failed = False
+    # per built spec: its name, its kernels' reports (rendered only) and shared-memory budgets; with --compile
+    # its kernels are compiled together after the loop, all specs' at once
+    built: list[tuple[str, list[KernelReport], dict, list[CompileJob] | None]] = []
+    unavailable_rows: dict[str, list[tuple[str, ...]]] = {}
     for path, spec in loaded:
         try:
             if archs:
@@ -115,19 +122,24 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
             status = f"wrote {len(changed)} file(s)" if changed else "unchanged"
         budgets = {(p.arch, p.module): p.budgets[0].used for p in plans}  # a forward and a backward per arch
         reports = [KernelReport(p.arch, p.module, status) for p in plans]
+        to_compile = None  # with --compile, the kernels to compile; their reports replace the rendered ones
         if do_compile and not check:
-            chosen = [p for p in plans if not archs or p.arch in archs]
-            reports = compile_package(
-                out / spec.name, f"{out.name}.{spec.name}", chosen, keep_sass=sass,
-                progress=lambda p: click.echo(f"compiling {spec.name} for {p.cute_arch} ...", err=True),
-            )
-            failed |= any(r.status == "failed" for r in reports)
+            to_compile = [CompileJob(out / spec.name, f"{out.name}.{spec.name}", p, spec.name)
+                          for p in plans if not archs or p.arch in archs]
+        built.append((spec.name, reports, budgets, to_compile))
+        unavailable_rows[spec.name] = [(spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-")
+                                       for arch in unavailable]
+    compiled = compile_jobs([job for *_, spec_jobs in built for job in spec_jobs or ()], keep_sass=sass,
+                            workers=jobs, log=lambda line: click.echo(line, err=True))
+    failed = any(r.status == "failed" for r in compiled)
+    for name, reports, budgets, spec_jobs in built:
+        if spec_jobs is not None:
+            reports, compiled = compiled[:len(spec_jobs)], compiled[len(spec_jobs):]
         for r in reports:
-            rows.append(_kernel_row(spec.name, r, f"{budgets[r.arch, r.module] // 1024}K"))
+            rows.append(_kernel_row(name, r, f"{budgets[r.arch, r.module] // 1024}K"))
             if r.status == "failed":
-                click.echo(f"{spec.name} [{r.arch}]: compile failed: {r.detail}", err=True)
-        for arch, why in unavailable.items():
-            rows.append((spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-"))
+                click.echo(f"{name} [{r.arch}]: compile failed: {r.detail}", err=True)
+        rows += unavailable_rows[name]
     # the whole of specs/: generated packages no spec produces any more are stale — unless a spec failed
     # to load (its package is no orphan, only unreadable now: nothing is removed for it)
     if not specs and not problems:
@@ -156,13 +168,16 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
 @click.option("--out", default="generated", show_default=True, type=click.Path(path_type=Path))
 @click.option("--opcodes", "top", default=0, show_default=True, type=click.IntRange(min=0),
               help="Also list the N most frequent opcodes.")
-def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int) -> None:
+@click.option("--jobs", "-j", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Compile processes at once (0: one per CPU, as memory allows; 1: in this process).")
+def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int, jobs: int) -> None:
     """Compile (or load from the cache) and summarize each kernel's SASS and resources; exit 1 if a
     kernel fails to compile."""
     loaded, problems = _load_all(list(specs) or ["specs"])
     if problems:
         exit_with_problems(problems)
     failed = False
+    chosen = []  # (spec, its compile jobs)
     for path, spec in loaded:
         if archs and not set(archs) & set(spec.targets):
             if specs:  # named on the command line: say so (over the whole of specs/ it is skipped), as build does
@@ -174,7 +189,11 @@ def inspect(specs: tuple[str, ...], archs: tuple[str, ...], out: Path, top: int)
         if diff_package(pkg, out):
             exit_with_problems([f"{path}: {out / spec.name} is stale or missing; run `fa4gen build"
                                 f"{'' if out == Path('generated') else f' --out {out}'}` first"])
-        for r in compile_package(out / spec.name, f"{out.name}.{spec.name}", plans, keep_sass=True):
+        chosen.append((spec, [CompileJob(out / spec.name, f"{out.name}.{spec.name}", p, spec.name) for p in plans]))
+    reports = iter(compile_jobs([j for _, spec_jobs in chosen for j in spec_jobs], keep_sass=True, workers=jobs,
+                                log=lambda line: click.echo(line, err=True)))
+    for spec, spec_jobs in chosen:
+        for r in (next(reports) for _ in spec_jobs):
             click.echo(f"{spec.name} [{r.arch}] {r.module} ({head_dims(spec)}, {spec.mask.kind}): {r.status}")
             if r.status == "failed":
                 click.echo(f"  {r.detail}")

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
-from fa4gen.compile.aot import CompileResult, compile_kernel
+from fa4gen.compile.aot import SASS_FILE, CompileResult, compile_kernel
 from fa4gen.compile.cache import (
     IMPORTS_MEMO_FILE, DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources,
 )
@@ -220,14 +220,35 @@ def _module_from_source(qualified_name: str, path: Path, source: str, key: str) 
         return module
 
 
+def _keyed_source(path: Path, plan: Mapping[str, Any]) -> tuple[str, str, list[str]]:
+    """(the kernel module's text, its cache key, the helpers it uses that changed on disk since this process
+    read them: what compiles now must not be stored under the key)."""
+    source = Path(path).read_text()
+    helpers, changed = _helpers_for_key()
+    used = used_helper_sources(source, helpers)
+    return source, kernel_cache_key(source, plan["cute_arch"], used), sorted(set(used) & changed)
+
+
+def cached_meta(path: Path, plan: Mapping[str, Any], cache: DiskCache, *, keep_sass: bool = False) -> dict | None:
+    """The stored meta of the kernel in `path` if `cache` holds it for the plan's arch (with its SASS when
+    `keep_sass`), else None; nothing is loaded or compiled. A builder asks first, so that only the misses
+    go to compile processes."""
+    _, key, stale = _keyed_source(path, plan)
+    if stale:
+        return None
+    entry = cache.get(key)
+    if entry is None or entry.meta.get("arch") != plan["cute_arch"]:
+        return None
+    if keep_sass and SASS_FILE not in entry.meta.get("files", {}):
+        return None
+    return dict(entry.meta)
+
+
 def compile_generated(
     path: Path, qualified_name: str, plan: Mapping[str, Any], *, cache: DiskCache | None, keep_sass: bool = False
 ) -> CompileResult:
     """Compile (or load from `cache`) the kernel in `path` for the plan's arch."""
-    source = Path(path).read_text()
-    helpers, changed = _helpers_for_key()
-    used = used_helper_sources(source, helpers)
-    stale = sorted(set(used) & changed)
+    source, key, stale = _keyed_source(path, plan)
     if stale and not set(stale) <= _WARNED_STALE:
         _WARNED_STALE.update(stale)
         warnings.warn(
@@ -235,7 +256,6 @@ def compile_generated(
             "kernels compiled now are not cached; restart the process to use the new helpers",
             FA4GenCacheWarning, stacklevel=2,
         )
-    key = kernel_cache_key(source, plan["cute_arch"], used)
 
     def build():
         # Imported only on a cache miss: a hit needs neither the module nor a trace.

@@ -1,0 +1,87 @@
+"""`fa4gen build --compile` / `fa4gen inspect` and tools/prebuild.py compile many kernels in parallel
+processes (`fa4gen.builder.compile_jobs`): what the processes store must be what this process's key finds
+(the second build reports every kernel cached without compiling), a kernel that fails, or a compile process
+that dies, is reported for that kernel while the others finish, and the process count follows --jobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fa4gen_cli
+
+from fa4gen.builder import CompileJob, compile_jobs, compile_workers, plan_spec, render_spec, write_package
+from fa4gen.spec import spec_from_dict
+
+# a forward-only d64 spec without a mask: two small kernels (the persistent short-call one and the long one)
+SPEC = dict(name="jobs_probe", targets=["sm90"], dtype="bf16", head_dim=64, mask={"kind": "none"})
+SPEC_YAML = "name: jobs_probe\ntargets: [sm90]\ndtype: bf16\nhead_dim: 64\nmask: {kind: none}\n"
+
+
+def test_worker_count():
+    assert compile_workers(1, 10) == 1
+    assert compile_workers(4, 3) == 3  # never more processes than kernels
+    assert compile_workers(4, 0) == 1
+    assert 1 <= compile_workers(0, 5) <= 5  # auto: CPUs and memory, at most the kernels
+    with pytest.raises(ValueError, match="jobs: expected 0"):
+        compile_workers(-2, 5)
+
+
+def _jobs(root: Path, sources: dict[str, str] | None = None) -> list[CompileJob]:
+    """The probe spec rendered under root; `sources` replaces modules' text (broken kernels)."""
+    spec = spec_from_dict(SPEC, source="<dict>")
+    pkg, plans, _ = render_spec(spec, "<dict>")
+    write_package(pkg, root)
+    for module, text in (sources or {}).items():
+        (root / spec.name / f"{module}.py").write_text(text)
+    return [CompileJob(root / spec.name, f"probe.{spec.name}", p, spec.name) for p in plans]
+
+
+def test_a_broken_kernel_and_a_dead_compile_process_are_reported_per_kernel(tmp_path, cache_root):
+    """One module does not parse (its compile fails in the process, with the error), the other ends its
+    compile process (os._exit while it is traced): both come back as "failed" with the reason, in job order,
+    and the build does not hang or raise."""
+    pytest.importorskip("cutlass")  # the dying module dies where a compile would trace it
+    plans = plan_spec(spec_from_dict(SPEC, source="<dict>"))[0]
+    assert len(plans) == 2
+    broken, dying = plans[0].module, plans[1].module
+    jobs = _jobs(tmp_path, {broken: "def (:\n", dying: "import os\nos._exit(3)\n"})
+    lines = []
+    reports = compile_jobs(jobs, keep_sass=False, workers=2, log=lines.append)
+    assert [r.module for r in reports] == [broken, dying]
+    assert all(r.status == "failed" for r in reports), reports
+    assert "SyntaxError" in reports[0].detail or "compile process died" in reports[0].detail
+    assert "compile process died" in reports[1].detail and "--jobs 1" in reports[1].detail
+    assert lines[0] == "compiling 2 kernels in 2 processes ..."
+    assert not any(cache_root.glob("*/meta.json"))  # nothing stored
+
+
+@pytest.mark.compile
+def test_build_compiles_in_processes_and_the_next_build_finds_every_kernel(tmp_path, cache_root):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "jobs_probe.yaml").write_text(SPEC_YAML)
+    env = {"FA4GEN_CACHE_DIR": str(cache_root)}
+    first = fa4gen_cli("build", "specs", "--compile", "--jobs", "2", "--no-sass", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "compiling 2 kernels in 2 processes ..." in first.stderr
+    assert "[2/2, " in first.stderr and "jobs_probe.fwd_sm90" in first.stderr
+    rows = [line.split() for line in first.stdout.splitlines() if line.startswith("jobs_probe")]
+    assert [r[2:4] for r in rows] == [["fwd_sm90", "compiled"], ["fwd_sm90_long", "compiled"]]
+    assert all(r[5].isdigit() for r in rows)  # registers: the compile processes' meta came back
+    # the keys the processes stored under are the ones this process computes: nothing compiles again
+    again = fa4gen_cli("build", "specs", "--compile", "--no-sass", cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "compiling" not in again.stderr
+    assert [line.split()[2:4] for line in again.stdout.splitlines() if line.startswith("jobs_probe")] == [
+        ["fwd_sm90", "cached"], ["fwd_sm90_long", "cached"]]
+    # --jobs 1 compiles in the build's own process; with the SASS asked for, the cached entries (stored
+    # without it) compile their listing there, one line per kernel
+    sass = fa4gen_cli("build", "specs", "--compile", "--jobs", "1", cwd=tmp_path, env=env)
+    assert sass.returncode == 0, sass.stderr
+    assert sass.stderr.count("compiling jobs_probe.") == 2 and "processes" not in sass.stderr
+    assert all(line.split()[8] != "-" for line in sass.stdout.splitlines() if line.startswith("jobs_probe"))
+
+
+def test_build_rejects_a_negative_job_count(tmp_path):
+    result = fa4gen_cli("build", "--compile", "--jobs", "-1", cwd=tmp_path)
+    assert result.returncode == 2 and "--jobs" in result.stderr
