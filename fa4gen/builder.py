@@ -227,10 +227,11 @@ def compile_jobs(
     """Compile `jobs` into `cache` (the default kernel cache when None): a report per job, in order.
 
     Kernels the cache already holds are reported from it without loading them; the rest compile in this
-    process (`workers` 1, or a single kernel to compile) or in `workers` spawned processes at once (0: auto,
-    `compile_workers`), backward kernels first (the longest compiles). CuTe-DSL compiles one kernel per
-    process at a time, so a build of many kernels is as many times faster as there are idle cores. `log`
-    gets a line per kernel as it starts (in this process) or finishes (in compile processes)."""
+    process (`workers` 1, or a single kernel to compile) or in `workers` compile processes at once (0: auto,
+    `compile_workers`; `fa4gen.compile.worker`, plain subprocesses: nothing of the caller's script runs
+    again there), backward kernels first (the longest compiles). CuTe-DSL compiles one kernel per process at a
+    time, so a build of many kernels is as many times faster as there are idle cores. `log` gets a line per
+    kernel as it starts (in this process) or finishes (in compile processes)."""
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.generated import cached_meta
 
@@ -240,7 +241,10 @@ def compile_jobs(
     todo = []
     for i, job in enumerate(jobs):
         plan = job.plan.to_dict()
-        meta = cached_meta(job.pkg_dir / f"{job.plan.module}.py", plan, cache, keep_sass=keep_sass)
+        try:
+            meta = cached_meta(job.pkg_dir / f"{job.plan.module}.py", plan, cache, keep_sass=keep_sass)
+        except OSError:  # the module cannot be read: its compile reports why
+            meta = None
         if meta is not None:
             reports[i] = KernelReport(job.plan.arch, job.plan.module, "cached", meta=meta)
         else:
@@ -252,34 +256,81 @@ def compile_jobs(
             say(f"compiling {job.describe()} ...")
             reports[i] = _compile_one(str(job.pkg_dir), job.package_name, plan, keep_sass, root)
         return reports
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
     todo.sort(key=lambda t: t[2]["direction"] != "bwd")  # the longest first
     say(f"compiling {len(todo)} kernels in {workers} processes ...")
-    start = time.perf_counter()
-    # spawned, not forked: the caller may hold CUDA or threads; the children get this process's sys.path
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_compile_one, str(job.pkg_dir), job.package_name, plan, keep_sass, root): (i, job)
-                   for i, job, plan in todo}
-        try:
-            for done, future in enumerate(as_completed(futures), 1):
-                i, job = futures[future]
-                try:
-                    report = future.result()
-                except BrokenProcessPool as err:
-                    report = KernelReport(job.plan.arch, job.plan.module, "failed",
-                                          f"its compile process died ({err}); `--jobs 1` compiles it in this process")
-                reports[i] = report
-                took = f" in {report.seconds:.1f} s" if report.status == "compiled" else ""
-                elapsed = time.perf_counter() - start
-                say(f"[{done}/{len(todo)}, {elapsed:.0f} s] {job.describe()}: {report.status}{took}")
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+    for i, report in _compile_in_processes(todo, workers, keep_sass, root, say).items():
+        reports[i] = report
     return reports
+
+
+def _compile_in_processes(todo: list, workers: int, keep_sass: bool, root: str, say) -> dict[int, KernelReport]:
+    """Compile `todo` ((index, job, plan dict) each) in `workers` processes of `fa4gen.compile.worker`, each fed
+    one job at a time by a thread of this process; a process that dies fails its kernel and is replaced for
+    the next one. The processes see this process's sys.path, so they compile with the same fa4gen."""
+    import json
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    jobs: queue.Queue = queue.Queue()
+    for item in todo:
+        jobs.put(item)
+    results: dict[int, KernelReport] = {}
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    start = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+
+    def feed() -> None:
+        proc = None
+        try:
+            while True:
+                try:
+                    i, job, plan = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                if proc is None:
+                    proc = subprocess.Popen([sys.executable, "-m", "fa4gen.compile.worker"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, text=True, env=env)
+                    with lock:
+                        procs.append(proc)
+                line = ""
+                try:
+                    proc.stdin.write(json.dumps(dict(pkg_dir=str(job.pkg_dir), package=job.package_name, plan=plan,
+                                                     keep_sass=keep_sass, cache_root=root)) + "\n")
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                except OSError:  # its stdin closed: it died
+                    pass
+                if line:
+                    report = KernelReport(**json.loads(line))
+                else:
+                    report = KernelReport(job.plan.arch, job.plan.module, "failed",
+                                          f"its compile process died (exit code {proc.wait()}); `--jobs 1` compiles "
+                                          "it in this process, where the error shows")
+                    proc = None
+                with lock:
+                    results[i] = report
+                    took = f" in {report.seconds:.1f} s" if report.status == "compiled" else ""
+                    say(f"[{len(results)}/{len(todo)}, {time.perf_counter() - start:.0f} s] {job.describe()}: "
+                        f"{report.status}{took}")
+        finally:
+            if proc is not None:
+                proc.stdin.close()
+                proc.wait()
+
+    threads = [threading.Thread(target=feed, daemon=True) for _ in range(workers)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    except BaseException:  # Ctrl-C: no compile process outlives the build
+        for proc in procs:
+            proc.kill()
+        raise
+    return results
 
 
 def compile_package(

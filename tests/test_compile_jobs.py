@@ -82,6 +82,32 @@ def test_build_compiles_in_processes_and_the_next_build_finds_every_kernel(tmp_p
     assert all(line.split()[8] != "-" for line in sass.stdout.splitlines() if line.startswith("jobs_probe"))
 
 
+def test_a_script_without_a_main_guard_compiles_in_processes(tmp_path):
+    """The compile processes are plain subprocesses: a user's script that calls compile_jobs at top level (no
+    `if __name__ == "__main__":`) runs once, where a spawned multiprocessing child would run it again in
+    every worker (which then dies re-entering the pool)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "build_them.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from fa4gen.builder import CompileJob, compile_jobs, plan_spec\n"
+        "from fa4gen.spec import spec_from_dict\n"
+        f"plans = plan_spec(spec_from_dict({SPEC!r}, source='<dict>'))[0]\n"
+        "print('SCRIPT RAN')\n"
+        "jobs = [CompileJob(Path('no_such_package'), 'x', p) for p in plans]\n"
+        "for r in compile_jobs(jobs, keep_sass=False, workers=2, log=print):\n"
+        "    print('REPORT', r.module, r.status, r.detail.split(':')[0])\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "FA4GEN_CACHE_DIR": str(tmp_path / "c")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("SCRIPT RAN") == 1 and "compiling 2 kernels in 2 processes ..." in out.stdout
+    reports = [line.split() for line in out.stdout.splitlines() if line.startswith("REPORT")]
+    assert [r[2:] for r in reports] == [["failed", "FileNotFoundError"]] * 2, out.stdout
+
+
 def test_build_rejects_a_negative_job_count(tmp_path):
     result = fa4gen_cli("build", "--compile", "--jobs", "-1", cwd=tmp_path)
     assert result.returncode == 2 and "--jobs" in result.stderr

@@ -49,9 +49,9 @@ def jobs_of(spec_dicts: list[dict], root: Path) -> list:
 
 
 def prebuild(spec_dicts: list[dict], workers: int, log=print) -> list[tuple[str, str, str, float]]:
-    """Compile every kernel of `spec_dicts` with `workers` processes (fa4gen.builder.compile_jobs: spawned, the
-    caller may hold CUDA) into the cache of $FA4GEN_CACHE_DIR; one line per kernel through `log`; returns
-    (spec name, module, status, seconds) per kernel."""
+    """Compile every kernel of `spec_dicts` with `workers` processes (fa4gen.builder.compile_jobs: fresh
+    subprocesses, the caller may hold CUDA) into the cache of $FA4GEN_CACHE_DIR; one line per kernel through
+    `log`; returns (spec name, module, status, seconds) per kernel."""
     from fa4gen.builder import compile_jobs
 
     t0 = time.perf_counter()
