@@ -42,19 +42,33 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_backward_has_no_spills(case, tmp_path):
-    from fa4gen.builder import compile_for_sass, plan_spec
+def _spec(case):
     from fa4gen.spec import spec_from_dict
 
     d, mask, gqa, varlen, det, dtype, softcap = (CASES[case] + ("bf16", 0.0))[:7]
-    spec = spec_from_dict(dict(name=f"ns_{case}", targets=["sm90"], dtype=dtype, head_dim=d, mask=mask,
-                               softcap=softcap, allow_gqa=gqa, backward=True, varlen=varlen,
-                               deterministic=det))
-    plans, _ = plan_spec(spec, archs=["sm90"])
-    bwd = next(p for p in plans if p.direction == "bwd")
+    return spec_from_dict(dict(name=f"ns_{case}", targets=["sm90"], dtype=dtype, head_dim=d, mask=mask,
+                               softcap=softcap, allow_gqa=gqa, backward=True, varlen=varlen, deterministic=det))
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """Every case's backward kernel, compiled together (in as many processes as the machine allows)."""
+    from fa4gen.builder import compile_specs_for_sass, plan_spec
+
+    pairs = []
+    for case in CASES:
+        spec = _spec(case)
+        plans, _ = plan_spec(spec, archs=["sm90"])
+        pairs.append((spec, [next(p for p in plans if p.direction == "bwd")]))
+    rows = compile_specs_for_sass(pairs, tmp_path_factory.mktemp("ns"), "ns_gen")
+    return {case: row for case, (row,) in zip(CASES, rows)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_backward_has_no_spills(case, compiled):
+    gqa, varlen = CASES[case][2], CASES[case][3]
+    bwd, report, sass = compiled[case]
     assert bwd.dkv_accum == gqa  # GQA takes the fp32 dK/dV accumulators (the epilogue under test)
-    ((_, report, sass),) = compile_for_sass(spec, [bwd], tmp_path, "ns_gen")
     assert report.status == "compiled", report.detail
     functions = {part.split("\n", 1)[0]: part for part in sass.split(".section\t.text.")[1:]}
     assert any("FlashBwd" in name for name in functions)

@@ -29,11 +29,11 @@ CASES = {  # name: (head dim, mask, varlen, softcap); LDL/STL before in the comm
 }
 
 
-def _forward_plan(d, mask, varlen=False, softcap=0.0, tile_m="auto"):
+def _forward_plan(d, mask, varlen=False, softcap=0.0, tile_m="auto", name="ns"):
     from fa4gen.plan import plan_kernels
     from fa4gen.spec import spec_from_dict
 
-    spec = spec_from_dict(dict(name="ns", targets=["sm90"], dtype="bf16", head_dim=d, mask=mask, varlen=varlen,
+    spec = spec_from_dict(dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask=mask, varlen=varlen,
                                softcap=softcap, pipeline={"tile_m": tile_m}))
     return spec, plan_kernels(spec, "sm90")[0]
 
@@ -53,14 +53,32 @@ def test_producer_registers_move_only_at_208_240_and_in_masked_persistent_forwar
     assert 128 * plan.regs_producer + 128 * plan.num_mma_warpgroups * plan.regs_consumer <= 64512
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_forward_has_no_spills(case, tmp_path):
-    from fa4gen.builder import compile_for_sass
+LEAN = ["llama3_8b", "mistral_7b"]  # the committed specs of test_masked_persistent_key_block_loops_stay_lean
 
-    d, mask, varlen, softcap = CASES[case]
-    spec, plan = _forward_plan(d, mask, varlen, softcap)
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The cases' forwards and the LEAN specs' two forwards each, compiled together (in as many processes as
+    the machine allows): {name: [(plan, report, sass), ...]}."""
+    from fa4gen.builder import compile_specs_for_sass
+    from fa4gen.plan import plan_kernels
+    from fa4gen.spec import load_spec
+
+    pairs = []
+    for case, (d, mask, varlen, softcap) in CASES.items():
+        spec, plan = _forward_plan(d, mask, varlen, softcap, name=f"ns_{case}")
+        pairs.append((spec, [plan]))
+    for name in LEAN:
+        spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / f"{name}.yaml")
+        pairs.append((spec, [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]))
+    rows = compile_specs_for_sass(pairs, tmp_path_factory.mktemp("ns"), "ns_gen")
+    return dict(zip([*CASES, *LEAN], rows))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_has_no_spills(case, compiled):
+    ((plan, report, sass),) = compiled[case]
     assert (plan.regs_producer, plan.regs_consumer) == (40, 232)
-    ((_, report, sass),) = compile_for_sass(spec, [plan], tmp_path, "ns_gen")
     assert report.status == "compiled", report.detail
     functions = {part.split("\n", 1)[0]: part for part in sass.split(".section\t.text.")[1:]}
     assert any("FlashFwd" in name for name in functions)
@@ -68,28 +86,22 @@ def test_forward_has_no_spills(case, tmp_path):
     assert not any(spilled.values()), spilled
 
 
-@pytest.mark.parametrize("name", ["llama3_8b", "mistral_7b"])
-def test_masked_persistent_key_block_loops_stay_lean(name, tmp_path):
+@pytest.mark.parametrize("name", LEAN)
+def test_masked_persistent_key_block_loops_stay_lean(name, compiled):
     """The masked persistent forward's key-block loops stay within 110 instructions of the one-CTA-per-tile
     twin's, without LDL/STL (session 16: llama3_8b 686 / 568 against 596 / 500; mistral_7b 854 / 569 / 848
     against 754 / 504 / 761). The extra instructions are ptxas building the consumers' WGMMA descriptors in
     vector registers (48 R2UR + IMAD per loop). Session 15's flat loop with `make_warp_uniform` kept them
     uniform at d128 (627 / 511), but a same-run A/B on the H200 found that no faster at d128 causal s512-2k
     (session 16, docs/PERF.md), and which loop forms keep them uniform is not predictable: this guards the
-    size, not the form."""
-    from fa4gen.builder import compile_for_sass
+    size, not the form. (The committed specs: d128 causal GQA with the LSE, d128 window GQA; a plain d128
+    causal spec kept its descriptors uniform even without the shuffles.)"""
     from fa4gen.compile.sass import loops
-    from fa4gen.plan import plan_kernels
-    from fa4gen.spec import load_spec
 
-    # (the committed specs: d128 causal GQA with the LSE, d128 window GQA; a plain d128 causal spec kept its
-    # descriptors uniform even without the shuffles)
-    spec = load_spec(Path(__file__).resolve().parent.parent / "specs" / f"{name}.yaml")
-    plans = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
-    assert [p.scheduler for p in plans] == ["persistent", "grid_lpt"]
+    rows = compiled[name]
+    assert [plan.scheduler for plan, _, _ in rows] == ["persistent", "grid_lpt"]
     sizes = {}
-    for plan in plans:
-        ((_, report, sass),) = compile_for_sass(spec, [plan], tmp_path / plan.module, "pl_gen")
+    for plan, report, sass in rows:
         assert report.status == "compiled", report.detail
         mma_loops = [body for body in loops(sass, wait_returns=False) if any("HGMMA" in line for line in body)]
         block_loops = [body for body in mma_loops if len(body) < 1000]  # the key-block loops (not their unrolled copies)

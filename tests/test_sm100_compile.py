@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4gen.builder import CompileJob, compile_jobs, compile_package, plan_spec, render_spec, write_package
+from fa4gen.builder import CompileJob, compile_jobs, plan_spec, render_spec, write_package
 from fa4gen.spec import load_spec, spec_from_dict
 
 pytestmark = pytest.mark.compile
@@ -59,15 +59,18 @@ TWO_CTA = [name for name, d in VARIANTS.items() if d.get("pipeline", {}).get("tw
 @pytest.fixture(scope="module")
 def compiled(cache_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("generated")
-    results = {}
     start = time.perf_counter()
+    rendered = {}
     for name, d in VARIANTS.items():
         spec = spec_from_dict({"name": name, "targets": ["sm100"], "dtype": "bf16", **d})
         pkg, plans, _ = render_spec(spec, f"test:{name}")
         write_package(pkg, out)
         (plan,) = plans
-        (report,) = compile_package(out / name, f"sm100_test_{name}", plans, keep_sass=True)
-        results[name] = (plan, report, pkg.files["fwd_sm100.py"])
+        rendered[name] = (plan, pkg.files["fwd_sm100.py"])
+    # every variant at once, in as many compile processes as the machine allows
+    jobs = [CompileJob(out / name, f"sm100_test_{name}", plan, name) for name, (plan, _) in rendered.items()]
+    reports = compile_jobs(jobs, keep_sass=True, workers=0)
+    results = {name: (plan, report, text) for (name, (plan, text)), report in zip(rendered.items(), reports)}
     print(f"\ncompiled {len(results)} sm100 variants in {time.perf_counter() - start:.1f} s")
     return results
 
