@@ -165,14 +165,19 @@ def diff_package(pkg: RenderedPackage, out_root: Path) -> list[str]:
 @dataclass(frozen=True)
 class CompileJob:
     """One kernel to compile: module `plan.module` of the rendered package in `pkg_dir`, importable as
-    `package_name` (`label` names it in progress lines)."""
+    `package_name` (`label` names it in progress lines). `plan` is a KernelPlan or its dict (a package's
+    spec.lock.json holds those)."""
     pkg_dir: Path
     package_name: str
-    plan: KernelPlan
+    plan: KernelPlan | dict
     label: str = ""
 
+    def plan_dict(self) -> dict:
+        return self.plan.to_dict() if isinstance(self.plan, KernelPlan) else dict(self.plan)
+
     def describe(self) -> str:
-        return f"{self.label or self.package_name}.{self.plan.module} ({self.plan.cute_arch})"
+        plan = self.plan_dict()
+        return f"{self.label or self.package_name}.{plan['module']} ({plan['cute_arch']})"
 
 
 def compile_workers(requested: int, pending: int) -> int:
@@ -240,13 +245,13 @@ def compile_jobs(
     reports: list[KernelReport | None] = [None] * len(jobs)
     todo = []
     for i, job in enumerate(jobs):
-        plan = job.plan.to_dict()
+        plan = job.plan_dict()
         try:
-            meta = cached_meta(job.pkg_dir / f"{job.plan.module}.py", plan, cache, keep_sass=keep_sass)
+            meta = cached_meta(job.pkg_dir / f"{plan['module']}.py", plan, cache, keep_sass=keep_sass)
         except OSError:  # the module cannot be read: its compile reports why
             meta = None
         if meta is not None:
-            reports[i] = KernelReport(job.plan.arch, job.plan.module, "cached", meta=meta)
+            reports[i] = KernelReport(plan["arch"], plan["module"], "cached", meta=meta)
         else:
             todo.append((i, job, plan))
     workers = compile_workers(workers, len(todo)) if todo else 1
@@ -306,7 +311,7 @@ def _compile_in_processes(todo: list, workers: int, keep_sass: bool, root: str, 
                 if line:
                     report = KernelReport(**json.loads(line))
                 else:
-                    report = KernelReport(job.plan.arch, job.plan.module, "failed",
+                    report = KernelReport(plan["arch"], plan["module"], "failed",
                                           f"its compile process died (exit code {proc.wait()}); `--jobs 1` compiles "
                                           "it in this process, where the error shows")
                     proc = None

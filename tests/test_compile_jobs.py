@@ -111,3 +111,36 @@ def test_a_script_without_a_main_guard_compiles_in_processes(tmp_path):
 def test_build_rejects_a_negative_job_count(tmp_path):
     result = fa4gen_cli("build", "--compile", "--jobs", "-1", cwd=tmp_path)
     assert result.returncode == 2 and "--jobs" in result.stderr
+
+
+def test_precompile_refuses_bad_arguments_before_compiling(cache_root):
+    from fa4gen import build
+
+    pkg = build(SPEC)
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"precompile: arch: no CUDA device here to take it from; name one of \['sm90'\]"):
+            pkg.precompile()
+    with pytest.raises(ValueError, match=r"precompile: arch: expected one of \['sm90'\], got 'sm100'"):
+        pkg.precompile("sm100")
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="precompile: jobs: expected 0"):
+            pkg.precompile("sm90", jobs=bad)
+    assert not any(cache_root.glob("*/meta.json"))  # nothing compiled
+
+
+@pytest.mark.compile
+def test_precompile_compiles_every_kernel_of_the_package_once(cache_root):
+    """A package's precompile() compiles its kernels for the arch in parallel processes; the entries are the
+    ones its calls look up (a second precompile finds them all)."""
+    from fa4gen import build
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.generated import cached_meta
+
+    pkg = build(SPEC)
+    assert pkg.precompile("sm90", jobs=2) == {"fwd_sm90": "compiled", "fwd_sm90_long": "compiled"}
+    assert pkg.precompile("sm90") == {"fwd_sm90": "cached", "fwd_sm90_long": "cached"}
+    op = pkg._forward
+    for plan in (op.forward_plan("sm90", 128), op.forward_plan("sm90", 1 << 20)):  # the calls' two kernels
+        assert cached_meta(op.dir / f"{plan['module']}.py", plan, DiskCache()) is not None

@@ -416,6 +416,36 @@ class ForwardOp:
                 self._functions[key] = result.function
         return self._functions[key]
 
+    def precompile(self, arch: str | None = None, *, jobs: int = 0) -> dict[str, str]:
+        """Compile (or find in the disk cache) every kernel of this package for `arch` now, `jobs` compile
+        processes at once (fa4gen.builder.compile_jobs; 0: one per CPU as memory allows); when `arch` is the
+        current CUDA device's, load them too, so that no call waits. {kernel module: "cached" | "compiled"}."""
+        if arch is None:
+            if not torch.cuda.is_available():
+                _fail(f"{self.name}: precompile: arch: no CUDA device here to take it from; name one of "
+                      f"{sorted(self.plans)} (compiling needs no GPU)")
+            arch = self.arch_for(torch.device("cuda", torch.cuda.current_device()))
+        if arch not in self.plans:
+            why = self.unavailable.get(arch)
+            _fail(f"{self.name}: precompile: arch: expected one of {sorted(self.plans)}, got {arch!r}"
+                  + (f" ({why})" if why else ""))
+        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
+            _fail(f"{self.name}: precompile: jobs: expected 0 (one per CPU) or a positive count, got {jobs!r}")
+        from fa4gen.builder import CompileJob, compile_jobs
+
+        plans = [self.plans[arch], *self.long_plans.get(arch, ())]
+        plans += [self.bwd_plans[arch]] if arch in self.bwd_plans else []
+        reports = compile_jobs([CompileJob(self.dir, self.package, plan, self.name) for plan in plans],
+                               keep_sass=False, workers=jobs, log=log.info)
+        failed = [f"{r.module}: {r.detail}" for r in reports if r.status == "failed"]
+        if failed:
+            raise RuntimeError(f"{self.name}: precompile: {len(failed)} kernel(s) failed to compile: "
+                               + "; ".join(failed))
+        if torch.cuda.is_available() and arch == self.arch_for(torch.device("cuda", torch.cuda.current_device())):
+            for plan in plans:
+                self.function(plan)  # from the disk cache (ms each)
+        return {r.module: r.status for r in reports}
+
     @staticmethod
     def _launch(fn, device: torch.device, args: list) -> None:
         if device.index == torch.cuda.current_device():
