@@ -64,6 +64,26 @@ def test_second_process_loads_from_disk_cache(tmp_path):
     assert "fa4gen: loaded vit_encoder for sm_90a from the disk cache" in runs[1].stderr
 
 
+def test_precompile_loads_every_kernel_so_no_call_compiles(tmp_path):
+    """precompile() on the GPU: every kernel of the package compiled in compile processes and loaded, so the
+    calls that follow (forward of both lengths, backward) log no compile; the result is still attention."""
+    code = (
+        "import torch, generated.vit_encoder as p\n"
+        "print('RESULT', sorted(p.precompile(jobs=2).items()))\n"
+        "for s in (77, 4500):\n"
+        "    q = torch.randn(1, s, 2, 64, device='cuda', dtype=torch.float16, requires_grad=True)\n"
+        "    p.attention(q, q, q).float().sum().backward()\n"
+        "torch.cuda.synchronize()\n"
+    )
+    env = dict(os.environ, FA4GEN_CACHE_DIR=str(tmp_path))
+    env.pop("FA4GEN_QUIET", None)  # the log lines are what this test reads
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "RESULT [('bwd_sm90', 'compiled'), ('fwd_sm90', 'compiled'), ('fwd_sm90_long', 'compiled')]" in r.stdout
+    assert "compiling 3 kernels in 2 processes" in r.stderr
+    assert "fa4gen: compiling vit_encoder" not in r.stderr  # no call compiled: precompile loaded all three
+
+
 def test_repeated_calls_replay_the_launch_with_new_data():
     """From the second call of a signature on, the API skips its checks and only allocates and launches
     (ForwardOp._replay): every call's output is still its own inputs' attention, within the forward's
