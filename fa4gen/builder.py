@@ -309,7 +309,11 @@ def _compile_in_processes(todo: list, workers: int, keep_sass: bool, root: str, 
                 except OSError:  # its stdin closed: it died
                     pass
                 if line:
-                    report = KernelReport(**json.loads(line))
+                    try:
+                        report = KernelReport(**json.loads(line))
+                    except (ValueError, TypeError) as err:  # not an answer: name it, keep the build going
+                        report = KernelReport(plan["arch"], plan["module"], "failed",
+                                              f"unreadable answer from its compile process ({err}): {line[:200]!r}")
                 else:
                     report = KernelReport(plan["arch"], plan["module"], "failed",
                                           f"its compile process died (exit code {proc.wait()}); `--jobs 1` compiles "
@@ -322,7 +326,10 @@ def _compile_in_processes(todo: list, workers: int, keep_sass: bool, root: str, 
                         f"{report.status}{took}")
         finally:
             if proc is not None:
-                proc.stdin.close()
+                try:
+                    proc.stdin.close()  # end of its jobs: it exits
+                except OSError:
+                    pass
                 proc.wait()
 
     threads = [threading.Thread(target=feed, daemon=True) for _ in range(workers)]
