@@ -15,13 +15,14 @@ under .device/anchors/, with quack and einops beside it), unpacked into a tempor
 module, which imports triton (not a dependency here) and which the forward does not use, is replaced by a
 stand-in in that child only.
 
-Run: `PYTHONPATH=. python tools/compile_time_cpu.py [--rounds 3] [--out FILE.json]`. The H200's number is
+Run: `PYTHONPATH=. python tools/compile_time_cpu.py [--rounds 3] [--out FILE.json] [--pass-timing N]`. The H200's number is
 `tools/launch_cost.py`'s (cold_process_cutlass_imported against flash_attn_4_cold_process).
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,26 @@ _timed(next(c for _, c in inspect.getmembers(_C, inspect.isclass)
 _timed(next(c for _, c in inspect.getmembers(_D, inspect.isclass) if "generate_original_ir" in c.__dict__),
        "generate_original_ir", "trace_s")
 """
+
+# with --pass-timing: MLIR's per-pass timing of the native compile (the pass manager's own report, on stderr)
+PASS_HOOK = """
+_native = next(c for _, c in inspect.getmembers(_C, inspect.isclass)
+               if "compile" in c.__dict__ and "PassManager" in inspect.getsource(c.__dict__["compile"]))
+_plain = _native.compile
+def _compile_timed(self, module, pipeline, *a, **k):
+    parse = self.passmanager.PassManager.parse
+    def parse_timed(text, *pa, **pk):
+        pm = parse(text, *pa, **pk)
+        pm.enable_timing()
+        return pm
+    self.passmanager.PassManager.parse = staticmethod(parse_timed)
+    try:
+        return _plain(self, module, pipeline, *a, **k)
+    finally:
+        self.passmanager.PassManager.parse = parse
+_native.compile = _compile_timed
+"""
+PASS_LINE = re.compile(r"^\s*([0-9.]+) \(\s*[0-9.]+%\)\s+(\S.*?)\s*$")
 
 OURS = """
 import json, sys, time
@@ -88,13 +109,17 @@ with FakeTensorMode(allow_non_fake_inputs=True):
 """
 
 
-def run_child(code: str, env: dict) -> dict:
+def run_child(code: str, env: dict, passes: int = 0) -> dict:
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode != 0 or line is None:
         tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         raise SystemExit(f"child failed: {tail}")
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in json.loads(line[len("RESULT "):]).items()}
+    out = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in json.loads(line[len("RESULT "):]).items()}
+    if passes:  # the slowest passes of the pass manager's timing report (its "Total" line first)
+        timed = [(float(m[1]), m[2]) for m in map(PASS_LINE.match, r.stderr.splitlines()) if m]
+        out["passes"] = [[name, round(t, 3)] for t, name in sorted(timed, reverse=True)[:passes + 1]]
+    return out
 
 
 def unpack_fa4(wheel_dir: Path, into: Path) -> Path:
@@ -119,10 +144,14 @@ def main(argv=None) -> int:
                          "short-call kernel, as tools/launch_cost.py's first call; 8192: the one-CTA-per-tile kernel); "
                          "flash-attn-4 always compiles its one kernel of the 128-row call")
     ap.add_argument("--out", type=Path, help="also write the rounds and medians here (JSON)")
+    ap.add_argument("--pass-timing", type=int, default=0, metavar="N",
+                    help="also report the N slowest MLIR passes of each native compile (the pass manager's timing; "
+                         "CudaToBinaryPass holds LLVM's NVPTX code generation and ptxas)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
     rows = {"fa4gen": [], "flash_attn_4": []}
+    hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
         site = unpack_fa4(args.fa4_wheel, Path(tmp) / "site")
         base = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
@@ -133,9 +162,10 @@ def main(argv=None) -> int:
             for name in order:
                 if name == "fa4gen":
                     env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"))  # empty: a compile
-                    rows[name].append(run_child(OURS.format(hook=HOOK, spec=SPEC, seqlen_q=args.seqlen_q), env))
+                    rows[name].append(run_child(OURS.format(hook=hook, spec=SPEC, seqlen_q=args.seqlen_q), env,
+                                                args.pass_timing))
                 else:
-                    rows[name].append(run_child(FA4.format(hook=HOOK, site=str(site)), base))
+                    rows[name].append(run_child(FA4.format(hook=hook, site=str(site)), base, args.pass_timing))
                 print(name, rows[name][-1], flush=True)
     med = {name: {k: round(statistics.median(r[k] for r in rs if k in r), 3)
                   for k in ("first_compile_s", "trace_s", "native_s", "cache_write_s") if any(k in r for r in rs)}
