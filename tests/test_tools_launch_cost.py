@@ -78,6 +78,32 @@ def test_compile_time_cpu_names_the_missing_wheels(tools_path, tmp_path):
         compile_time_cpu.main(["--rounds", "0"])
 
 
+def test_compile_time_cpu_reads_the_pass_timing_report(tools_path, monkeypatch):
+    """--pass-timing: a child's stderr carries MLIR's timing report; run_child keeps the slowest passes, the
+    report's Total first, and ignores every other line."""
+    import subprocess
+    from types import SimpleNamespace
+
+    compile_time_cpu = importlib.import_module("compile_time_cpu")
+    stderr = "\n".join([
+        "===-------------------------------------------------------------------------===",
+        "  Total Execution Time: 2.2530 seconds",
+        "  ----Wall Time----  ----Name----",
+        "    0.1810 (  8.0%)  ArithIntRangeOpts",
+        "    1.2210 ( 54.2%)  CudaToBinaryPass",
+        "    0.0050 (  0.2%)  'gpu.module' Pipeline",
+        "    0.1890 (  8.4%)  StrengthReductionPass",
+        "    2.2530 (100.0%)  Total",
+        "some warning (1.0%) that is not a pass",
+    ])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: SimpleNamespace(
+        returncode=0, stdout='RESULT {"first_compile_s": 3.4}\n', stderr=stderr))
+    out = compile_time_cpu.run_child("pass", {}, passes=2)
+    assert out == {"first_compile_s": 3.4, "passes": [["Total", 2.253], ["CudaToBinaryPass", 1.221],
+                                                      ["StrengthReductionPass", 0.189]]}
+    assert "passes" not in compile_time_cpu.run_child("pass", {})
+
+
 def test_compare_fa4_imports_flash_attn_4_from_its_wheels(tools_path, tmp_path, monkeypatch):
     """tools/compare_fa4.py without flash-attn-4 installed unpacks its wheels (stand-ins here: a module in each)
     into a folder first on sys.path and replaces quack.autotuner, which imports triton, with a stand-in."""
