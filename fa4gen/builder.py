@@ -237,6 +237,8 @@ def compile_jobs(
     again there), backward kernels first (the longest compiles). CuTe-DSL compiles one kernel per process at a
     time, so a build of many kernels is as many times faster as there are idle cores. `log` gets a line per
     kernel as it starts (in this process) or finishes (in compile processes)."""
+    if not jobs:  # nothing to compile: the compile stack is not even imported (a plain `fa4gen build` needs none)
+        return []
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.generated import cached_meta
 

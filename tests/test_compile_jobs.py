@@ -145,3 +145,17 @@ def test_precompile_compiles_every_kernel_of_the_package_once(cache_root):
     op = pkg._forward
     for plan in (op.forward_plan("sm90", 128), op.forward_plan("sm90", 1 << 20)):  # the calls' two kernels
         assert cached_meta(op.dir / f"{plan['module']}.py", plan, DiskCache()) is not None
+
+
+def test_build_without_compile_imports_no_compile_stack(tmp_path):
+    """`fa4gen build` / `--check` only render: they run where the compile stack's dependencies (filelock,
+    CuTe-DSL) are missing, as they did before compile_jobs (which now returns before importing it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['filelock'] = None\n"  # an import of it now fails
+            "from fa4gen.cli.main import main\n"
+            "main(['build', '--check'], prog_name='fa4gen')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
