@@ -420,6 +420,9 @@ class ForwardOp:
         """Compile (or find in the disk cache) every kernel of this package for `arch` now, `jobs` compile
         processes at once (fa4gen.builder.compile_jobs; 0: one per CPU as memory allows); when `arch` is the
         current CUDA device's, load them too, so that no call waits. {kernel module: "cached" | "compiled"}."""
+        # the current GPU's arch, if any (an explicit arch compiles on any machine; only the default needs a GPU
+        # this package has kernels for, which arch_for checks with its own error)
+        here = CAPABILITY_TO_ARCH.get(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
         if arch is None:
             if not torch.cuda.is_available():
                 _fail(f"{self.name}: precompile: arch: no CUDA device here to take it from; name one of "
@@ -441,7 +444,7 @@ class ForwardOp:
         if failed:
             raise RuntimeError(f"{self.name}: precompile: {len(failed)} kernel(s) failed to compile: "
                                + "; ".join(failed))
-        if torch.cuda.is_available() and arch == self.arch_for(torch.device("cuda", torch.cuda.current_device())):
+        if arch == here:
             for plan in plans:
                 self.function(plan)  # from the disk cache (ms each)
         return {r.module: r.status for r in reports}
