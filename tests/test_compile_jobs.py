@@ -5,6 +5,7 @@ that dies, is reported for that kernel while the others finish, and the process 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_a_script_without_a_main_guard_compiles_in_processes(tmp_path):
         "    print('REPORT', r.module, r.status, r.detail.split(':')[0])\n"
     )
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "FA4GEN_CACHE_DIR": str(tmp_path / "c")})
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "FA4GEN_CACHE_DIR": str(tmp_path / "c")})
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("SCRIPT RAN") == 1 and "compiling 2 kernels in 2 processes ..." in out.stdout
     reports = [line.split() for line in out.stdout.splitlines() if line.startswith("REPORT")]
@@ -157,5 +158,5 @@ def test_build_without_compile_imports_no_compile_stack(tmp_path):
             "from fa4gen.cli.main import main\n"
             "main(['build', '--check'], prog_name='fa4gen')\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]

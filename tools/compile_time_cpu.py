@@ -48,17 +48,16 @@ def _timed(owner, name, label):
         finally:
             SPLIT[label] = SPLIT.get(label, 0.0) + time.perf_counter() - t
     setattr(owner, name, w)
-_timed(next(c for _, c in inspect.getmembers(_C, inspect.isclass)
-            if "compile" in c.__dict__ and "PassManager" in inspect.getsource(c.__dict__["compile"])), "compile", "native_s")
+_NATIVE = next(c for _, c in inspect.getmembers(_C, inspect.isclass)
+               if "compile" in c.__dict__ and "PassManager" in inspect.getsource(c.__dict__["compile"]))
+_timed(_NATIVE, "compile", "native_s")
 _timed(next(c for _, c in inspect.getmembers(_D, inspect.isclass) if "generate_original_ir" in c.__dict__),
        "generate_original_ir", "trace_s")
 """
 
 # with --pass-timing: MLIR's per-pass timing of the native compile (the pass manager's own report, on stderr)
 PASS_HOOK = """
-_native = next(c for _, c in inspect.getmembers(_C, inspect.isclass)
-               if "compile" in c.__dict__ and "PassManager" in inspect.getsource(c.__dict__["compile"]))
-_plain = _native.compile
+_plain = _NATIVE.compile
 def _compile_timed(self, module, pipeline, *a, **k):
     parse = self.passmanager.PassManager.parse
     def parse_timed(text, *pa, **pk):
@@ -70,7 +69,7 @@ def _compile_timed(self, module, pipeline, *a, **k):
         return _plain(self, module, pipeline, *a, **k)
     finally:
         self.passmanager.PassManager.parse = parse
-_native.compile = _compile_timed
+_NATIVE.compile = _compile_timed
 """
 PASS_LINE = re.compile(r"^\s*([0-9.]+) \(\s*[0-9.]+%\)\s+(\S.*?)\s*$")
 

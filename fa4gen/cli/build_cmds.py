@@ -87,10 +87,9 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
     loaded, problems = _load_all(list(specs) or ["specs"])
     rows = [("spec", "arch", "kernel", "status", "compile", "regs", "smem", "spills", "MMA", "MUFU.EX2")]
     stale: list[str] = []
-    # per built spec: its name, its kernels' reports (rendered only) and shared-memory budgets; with --compile
-    # its kernels are compiled together after the loop, all specs' at once
-    built: list[tuple[str, list[KernelReport], dict, list[CompileJob] | None]] = []
-    unavailable_rows: dict[str, list[tuple[str, ...]]] = {}
+    # per built spec: its name, its kernels' reports (rendered only), shared-memory budgets, the kernels to compile
+    # (with --compile: all specs' compile together after the loop) and its unavailable targets
+    built: list[tuple[str, list[KernelReport], dict, list[CompileJob] | None, dict]] = []
     for path, spec in loaded:
         try:
             if archs:
@@ -126,20 +125,18 @@ def build(specs: tuple[str, ...], check: bool, do_compile: bool, archs: tuple[st
         if do_compile and not check:
             to_compile = [CompileJob(out / spec.name, f"{out.name}.{spec.name}", p, spec.name)
                           for p in plans if not archs or p.arch in archs]
-        built.append((spec.name, reports, budgets, to_compile))
-        unavailable_rows[spec.name] = [(spec.name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-")
-                                       for arch in unavailable]
-    compiled = compile_jobs([job for *_, spec_jobs in built for job in spec_jobs or ()], keep_sass=sass,
+        built.append((spec.name, reports, budgets, to_compile, unavailable))
+    compiled = compile_jobs([job for _, _, _, spec_jobs, _ in built for job in spec_jobs or ()], keep_sass=sass,
                             workers=jobs, log=lambda line: click.echo(line, err=True))
     failed = any(r.status == "failed" for r in compiled)
-    for name, reports, budgets, spec_jobs in built:
+    for name, reports, budgets, spec_jobs, unavailable in built:
         if spec_jobs is not None:
             reports, compiled = compiled[:len(spec_jobs)], compiled[len(spec_jobs):]
         for r in reports:
             rows.append(_kernel_row(name, r, f"{budgets[r.arch, r.module] // 1024}K"))
             if r.status == "failed":
                 click.echo(f"{name} [{r.arch}]: compile failed: {r.detail}", err=True)
-        rows += unavailable_rows[name]
+        rows += [(name, arch, "-", "not available yet", "-", "-", "-", "-", "-", "-") for arch in unavailable]
     # the whole of specs/: generated packages no spec produces any more are stale — unless a spec failed
     # to load (its package is no orphan, only unreadable now: nothing is removed for it)
     if not specs and not problems:
