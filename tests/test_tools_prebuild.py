@@ -73,10 +73,32 @@ def test_bench_run_specs_are_the_rows_specs():
 
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="128,192x128", masks="none,causal", bwd=True, deterministic=True, bwd_swap_ab=False,
-                           softcap=0.0, gqa=4, tile_m="auto", tile_n="auto")
+                           softcap=0.0, gqa=4, tile_m="auto", tile_n="auto", window=None, fwd_lse=False)
     specs = bench.run_specs(args)
     assert len(specs) == 2 * 2 * 3
     assert [s["name"] for s in specs[:3]] == ["bench_d128_full", "bench_bwd_d128_full_gqa", "bench_bwd_det_d128_full_gqa"]
     assert all(s["allow_gqa"] for s in specs if s.get("backward"))
     assert [s["name"] for s in bench.run_specs(SimpleNamespace(**{**vars(args), "bwd": False, "gqa": 1}))] == [
         "bench_d128_full", "bench_d128_causal", "bench_d192x128_full", "bench_d192x128_causal"]
+
+
+def test_bench_window_rows_are_gemma_style_specs_with_exact_flops():
+    """--window L turns the causal rows into sliding windows (L keys left, none right) that validate as fa4gen
+    specs, --fwd-lse makes them training specs (backward: true), and the FLOPs count the window's pairs."""
+    from types import SimpleNamespace
+
+    from conftest import load_tool
+
+    from fa4gen.spec import spec_from_dict
+
+    bench = load_tool("bench_fwd")
+    args = SimpleNamespace(dims="256", masks="none,causal", bwd=False, deterministic=False, bwd_swap_ab=False,
+                           softcap=50.0, gqa=2, tile_m="auto", tile_n="auto", window=4095, fwd_lse=True)
+    full, win = bench.run_specs(args)
+    assert full["mask"] == {"kind": "none"} and full["backward"] is True
+    assert win["mask"] == {"kind": "sliding_window", "left": 4095, "right": 0} and win["name"].endswith("_w4095_lse")
+    spec = spec_from_dict(win, source="<dict>")
+    assert spec.mask.left == 4095 and spec.softcap == 50.0
+    assert bench._causal_keys(4096, 4095) == 4096 * 4096 / 2  # the window covers the whole row: causal's count
+    assert bench._causal_keys(8, 2) == (1 + 2 + 3) + 5 * 3  # rows 0-2 see 1-3 keys, rows 3-7 three each
+    assert bench._causal_keys(8, None) == 32

@@ -97,13 +97,28 @@ def _dims(text: str) -> list[tuple[int, int]]:
 
 
 def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
-              tile_n="auto") -> dict:
-    """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles)."""
+              tile_n="auto", window: int | None = None, lse: bool = False) -> dict:
+    """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles). window: the causal rows
+    become sliding windows of `window` keys left of the diagonal (Gemma 2's local layers: left 4095, right 0);
+    lse: the spec has backward: true, so the forward also writes the LSE (what a training spec compiles)."""
     dv = dv or d
+    mask = {"kind": "causal" if causal else "none"}
+    if causal and window is not None:
+        mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
-                     f"{f'_n{tile_n}' if tile_n != 'auto' else ''}",
-                targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask={"kind": "causal" if causal else "none"},
+                     f"{f'_n{tile_n}' if tile_n != 'auto' else ''}{f'_w{window}' if causal and window is not None else ''}"
+                     f"{'_lse' if lse else ''}",
+                targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask, backward=lse,
                 softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n})
+
+
+def _causal_keys(s: int, window: int | None) -> float:
+    """Query-key pairs a causal row of length s computes (s²/2 as the grid counts it; with a window of
+    `window` keys left of the diagonal, the exact count)."""
+    if window is None or window + 1 >= s:
+        return s * s / 2
+    w = window + 1
+    return w * (w + 1) / 2 + (s - w) * w
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None,
@@ -201,7 +216,7 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
     def bwd(deterministic: bool) -> dict:
         return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
 
-    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n), bwd(False) if args.bwd else None,
+    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse), bwd(False) if args.bwd else None,
             bwd(True) if args.bwd and args.deterministic else None)
 
 
@@ -225,6 +240,11 @@ def main():
                     help="time every cell this many times, each pass in a rotated implementation order; median")
     ap.add_argument("--softcap", type=float, default=0.0,
                     help="logit softcap of every spec (flash-attn-4 gets the same; SDPA has none, so its columns stay empty)")
+    ap.add_argument("--window", type=int, default=None, metavar="LEFT",
+                    help="the causal rows as sliding windows: LEFT keys left of the diagonal, none right (Gemma 2's "
+                         "local layers: 4095); flash-attn-4 gets window_size=(LEFT, 0); forward only")
+    ap.add_argument("--fwd-lse", action="store_true",
+                    help="the forward specs have backward: true, so the forward writes the LSE as training specs do")
     ap.add_argument("--bwd-swap-ab", action="store_true",
                     help="with --bwd: fa4gen's backward in the Sᵀ layout (pipeline.bwd_swap_ab: true; d <= 128)")
     ap.add_argument("--tile-m", default="auto", type=lambda t: t if t == "auto" else int(t),
@@ -258,6 +278,8 @@ def main():
     skip = {name for name in args.skip.split(",") if name}
     if not skip <= {"cudnn", "sdpa_flash"}:
         raise SystemExit(f"--skip: expected a comma list of cudnn, sdpa_flash; got {args.skip!r}")
+    if args.window is not None and (args.window < 0 or args.bwd):
+        raise SystemExit(f"--window: expected a key count >= 0, forward only (not with --bwd); got {args.window}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
         raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
     global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF
@@ -321,21 +343,24 @@ def main():
                 k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, s, h_kv, dv, device="cuda", dtype=torch.bfloat16)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                flops = 2 * b * h * s * s * (d + dv) / (2 if causal else 1)  # Q·Kᵀ over d, P·V over dv
+                pairs = _causal_keys(s, args.window) if causal else s * s
+                flops = 2 * b * h * pairs * (d + dv)  # Q·Kᵀ over d, P·V over dv
                 res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
                        "first_call_s": first_call_s}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
-                untimed = {"cudnn", "sdpa_flash"} if sc else skip  # (SDPA computes no softcap)
+                # (SDPA computes no softcap and no sliding window)
+                untimed = {"cudnn", "sdpa_flash"} if sc or (causal and args.window is not None) else skip
                 for name in untimed:
                     impls.pop(name)
                     res[name] = None
                 if fa4 is not None:
-                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw)
+                    fa4_win = {"window_size": (args.window, 0)} if causal and args.window is not None else {}
+                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw, **fa4_win)
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
-                    if sc:
-                        raise ValueError("SDPA has no softcap")
+                    if sc or (causal and args.window is not None):
+                        raise ValueError("SDPA has no softcap and no sliding window")
                     ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
                     res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
                 except Exception as err:  # noqa: BLE001
