@@ -111,3 +111,19 @@ def test_masked_persistent_key_block_loops_stay_lean(name, compiled):
     persistent, grid = sizes["persistent"], sizes["grid_lpt"]
     assert len(persistent) == len(grid) >= 2, sizes
     assert all(p <= g + 110 for p, g in zip(persistent, grid)), sizes
+
+
+def test_p_of_a_tile_n_80_block_converts_in_pairs_without_prmt(tmp_path):
+    """At tile_n 80 (head dim 256) a thread's P is 40 values: converted as one vector they lowered to single
+    conversions that ptxas paired with a PRMT each (20 per key block, 504 instructions); `frag.convert` converts
+    them in vectors of 8, packed two per F2FP (483)."""
+    from fa4gen.builder import compile_for_sass
+    from fa4gen.compile.sass import loops
+
+    spec, plan = _forward_plan(256, {"kind": "none"}, name="pairs")
+    assert plan.tile_n == 80
+    ((_, report, sass),) = compile_for_sass(spec, [plan], tmp_path, "pairs_gen")
+    assert report.status == "compiled", report.detail
+    (block,) = [body for body in loops(sass, wait_returns=False) if any("HGMMA" in line for line in body)]
+    assert sum("F2FP" in line for line in block) == 20  # 40 values, two per conversion
+    assert not any("PRMT" in line for line in block)

@@ -5,6 +5,7 @@ Softmax and masking want it as (rows, cols); the P·V GEMM wants the P accumulat
 A-operand fragment of the 16-bit MMA. Both are pure layout algebra on static layouts: no data moves.
 """
 
+import cutlass
 import cutlass.cute as cute
 
 
@@ -44,4 +45,22 @@ def operand_buffer(acc: cute.Tensor, dtype):
     return buf, cute.make_tensor(buf.iterator, c_as_a_layout(acc.layout))
 
 
-__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "operand_buffer"]
+@cute.jit
+def convert(dst: cute.Tensor, src: cute.Tensor):
+    """dst = src converted to dst's type (same layout, registers). A fragment whose value count is a power of two
+    converts as one vector, whose lowering packs neighbouring values two per instruction. Other counts (tile_n 80:
+    40 values) lowered to one conversion per value, and ptxas then paired them up and swapped every pair's halves
+    into place with a PRMT before the P·V WGMMA read them (20 per key block at tile_n 80), so those convert in
+    vectors of 8 (storage order: a C fragment's neighbouring columns stay neighbours); the same rounding either
+    way."""
+    n = cute.size(src)
+    if cutlass.const_expr(n & (n - 1) == 0 or n % 8 != 0):
+        dst.store(src.load().to(dst.element_type))
+    else:
+        s8 = cute.logical_divide(cute.make_tensor(src.iterator, cute.make_layout(n)), cute.make_layout(8))
+        d8 = cute.logical_divide(cute.make_tensor(dst.iterator, cute.make_layout(n)), cute.make_layout(8))
+        for g in cutlass.range_constexpr(n // 8):
+            d8[None, g].store(s8[None, g].load().to(dst.element_type))
+
+
+__all__ = ["rows_cols", "rows_cols_layout", "c_as_a_layout", "operand_buffer", "convert"]

@@ -228,7 +228,7 @@ class FlashFwdSm90:
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                     is_first=True,
                 )
-                tOrP_c.store(acc_S.load().to(DTYPE))
+                frag.convert(tOrP_c, acc_S)
             for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
                 n_block = n_max - 1 - 1 - i
                 v_state = kv_state.clone()
@@ -265,7 +265,7 @@ class FlashFwdSm90:
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
                 softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                tOrP_c.store(acc_S.load().to(DTYPE))
+                frag.convert(tOrP_c, acc_S)
             for i in cutlass.range(n_hi - n_lo, unroll=1):
                 n_block = n_hi - 1 - i
                 v_state = kv_state.clone()
@@ -298,7 +298,7 @@ class FlashFwdSm90:
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
                 softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                tOrP_c.store(acc_S.load().to(DTYPE))
+                frag.convert(tOrP_c, acc_S)
 
             if n_max > n_min:
                 # last P·V
