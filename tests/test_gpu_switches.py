@@ -74,19 +74,21 @@ def test_poly_exp2_relative_error_on_device():
     def launch(x: cute.Tensor, y: cute.Tensor):
         kernel(x, y).launch(grid=[cute.ceil_div(x.shape[0], 128), 1, 1], block=[128, 1, 1])
 
+    n = 1 << 21
     x = torch.linspace(-126.0, 8.0, 1 << 20, device="cuda", dtype=torch.float32)
-    x = torch.cat([x, torch.rand(1 << 20, device="cuda") * 134 - 126])
+    # the inputs below -126 (masked scores) ride at the end of the same launch: the compiled function's
+    # shape is static, so calling it again on a shorter tensor would index past that tensor (session 33
+    # saw that as an illegal address on the H200)
+    below = torch.tensor([-126.5, -200.0, float("-inf")], device="cuda")
+    x = torch.cat([x, torch.rand(n - (1 << 20), device="cuda") * 134 - 126, below])
     y = torch.empty_like(x)
     with target_arch("sm_90a"):
         fn = cute.compile(launch, from_dlpack(x), from_dlpack(y))
     fn(from_dlpack(x), from_dlpack(y))
     torch.cuda.synchronize()
-    exact = torch.exp2(x.double())
-    rel = ((y.double() - exact).abs() / exact).max().item()
+    exact = torch.exp2(x[:n].double())
+    rel = ((y[:n].double() - exact).abs() / exact).max().item()
     assert rel < 2.0**-10, f"max relative error {rel:.3g}"
-    below = torch.tensor([-126.5, -200.0, float("-inf")], device="cuda")
-    out = torch.empty_like(below)
-    fn(from_dlpack(below), from_dlpack(out))
-    torch.cuda.synchronize()
+    out = y[n:]
     assert torch.equal(out, torch.zeros_like(out)), "inputs below -126 (masked scores) must give exactly 0"
     assert math.isfinite(rel)
