@@ -346,7 +346,7 @@ def main():
                 pairs = _causal_keys(s, args.window) if causal else s * s
                 flops = 2 * b * h * pairs * (d + dv)  # Q·Kᵀ over d, P·V over dv
                 res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
-                       "first_call_s": first_call_s}
+                       "first_call_s": first_call_s, "window": (args.window, 0) if causal and args.window is not None else None}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
@@ -410,7 +410,10 @@ def main():
     head += " diff vs cuDNN |"
     lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
              f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
-                                                          if args.gqa > 1 else ""),
+                                                          if args.gqa > 1 else "")
+             + (f"; causal rows are sliding windows of {args.window} keys left of the diagonal, none right"
+                if args.window is not None else "") + ("; forward specs with backward: true (LSE written)"
+                                                       if args.fwd_lse else ""),
              "", head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         dims = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
