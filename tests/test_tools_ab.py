@@ -32,6 +32,7 @@ def test_ab_compare_means_and_ratios(tmp_path, capsys):
     assert "| 128 | 2048 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 | 1.200 | 1.000 |" in text
     assert "| 128 | 2048 | y | 90.0 / 90.0 | 100.0 / 100.0 | 0.900 | 0.900 | 1.000 |" in text
     assert f"geometric mean new/ref {math.sqrt(1.2 * 0.9):.3f} over 2 cells, 2 runs each" in text
+    assert f"raw (the sides' own numbers) {math.sqrt(1.2 * 0.9):.3f}" in text  # flash-attn-4 flat here: the same
     assert "fa4gen_bwd" not in text  # no backward columns in these runs
     assert text.strip() == capsys.readouterr().out.strip()
 
@@ -81,6 +82,8 @@ def test_ab_compare_marks_a_cell_whose_raw_ratio_disagrees(tmp_path):
     text = (tmp_path / "ab.md").read_text()
     assert "| 128 | 2048 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.130 | 1.000 | 0.885 | 1.000 (!) |" in text
     assert "| 64 | 512 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.000 | 1.000 | 1.000 | 1.000 |" in text
+    # the summary gives both readings: through flash-attn-4 (sqrt(1.13 * 1.0)) and raw (equal)
+    assert "geometric mean new/ref 1.063 over 2 cells" in text and "raw (the sides' own numbers) 1.000" in text
 
 
 def test_ab_compare_reads_a_run_cut_short(tmp_path):

@@ -55,8 +55,10 @@ def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
     return row[col] / row[fa4_col] if row.get(fa4_col) else row[col]
 
 
-def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[list[str], list[float], list[list[float]]]:
-    """(markdown lines, new/ref per cell, new/ref per round pair for the cells every run has).
+def table(new: list[dict], ref: list[dict], col: str, fa4_col: str
+          ) -> tuple[list[str], list[float], list[list[float]], list[float]]:
+    """(markdown lines, new/ref per cell, new/ref per round pair for the cells every run has, raw new/ref per
+    cell: the means of the sides' own numbers, not through flash-attn-4).
 
     A cell that some run did not finish (a call cut short) is compared over the runs that have it, and
     its row says how many; it stays out of the per-round spread."""
@@ -66,7 +68,7 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[lis
     cells = [c for c in order if any(has(r, c) for r in new) and any(has(r, c) for r in ref)]
     lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 | raw new/ref |",
              "|---" * 9 + "|"]
-    ratios, per_round = [], []
+    ratios, per_round, raws = [], [], []
     for c in cells:
         nr, fr = [r for r in new if has(r, c)], [r for r in ref if has(r, c)]
         n = [r[c][col] for r in nr]
@@ -81,11 +83,12 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str) -> tuple[lis
         same_run = all(r[c].get(fa4_col) for r in nr + fr)
         vs = (lambda x: f"{mean(x):.3f}") if same_run else (lambda x: "-")
         raw = mean(n) / mean(f)
+        raws.append(raw)
         mark = " (!)" if same_run and abs(ratio / raw - 1) > RAW_DISAGREES else ""
         runs_note = "" if complete else f" ({len(nr)} new / {len(fr)} ref runs)"
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
                      f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f}{runs_note} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
-    return lines, ratios, per_round
+    return lines, ratios, per_round, raws
 
 
 def main(argv: list[str] | None = None):
@@ -101,15 +104,17 @@ def main(argv: list[str] | None = None):
     # (the deterministic backward, with --deterministic, against flash-attn-4's non-deterministic one)
     for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd"), ("fa4gen_det_bwd", "fa4_bwd")):
         if all(r and any(row.get(col) is not None for row in r.values()) for r in new + ref):
-            lines, ratios, per_round = table(new, ref, col, fa4_col)
+            lines, ratios, per_round, raws = table(new, ref, col, fa4_col)
             gm = math.exp(mean(math.log(x) for x in ratios))
+            gm_raw = math.exp(mean(math.log(x) for x in raws))
             pairs = min(len(new), len(ref)) if per_round else 0
             rounds = ", ".join(f"{math.exp(mean(math.log(cell[i]) for cell in per_round)):.3f}" for i in range(pairs))
             over = "" if len(per_round) == len(ratios) else f", over the {len(per_round)} cells every run finished:"
             spread = f" (per round{over} {rounds})" if pairs > 1 else ""
             count = f"{len(new)} runs each" if len(new) == len(ref) else f"{len(new)} new / {len(ref)} ref runs"
             out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {count}"
-                            f"{spread}; ratios to the same run's flash-attn-4", ""]
+                            f"{spread}; ratios to the same run's flash-attn-4; raw (the sides' own numbers) "
+                            f"{gm_raw:.3f}", ""]
     text = "\n".join(out)
     (args.dir / "ab.md").write_text(text + "\n")
     print(text)
