@@ -53,6 +53,16 @@ _NATIVE = next(c for _, c in inspect.getmembers(_C, inspect.isclass)
 _timed(_NATIVE, "compile", "native_s")
 _timed(next(c for _, c in inspect.getmembers(_D, inspect.isclass) if "generate_original_ir" in c.__dict__),
        "generate_original_ir", "trace_s")
+# Python's cyclic collector: its time inside the clock and how many full (generation 2) collections ran
+import gc
+_GC = [0.0]
+def _gc_cb(phase, info):
+    if phase == "start":
+        _GC[0] = time.perf_counter()
+    else:
+        SPLIT["gc_s"] = SPLIT.get("gc_s", 0.0) + time.perf_counter() - _GC[0]
+        SPLIT["gc_full"] = SPLIT.get("gc_full", 0) + (info["generation"] == 2)
+gc.callbacks.append(_gc_cb)
 """
 
 # with --pass-timing: MLIR's per-pass timing of the native compile (the pass manager's own report, on stderr)
@@ -84,6 +94,7 @@ _timed(aot, "_cache_extras", "cache_write_s")
 pkg = fa4gen.build({spec!r})
 op = pkg._forward
 plan = op.forward_plan("sm90", {seqlen_q})
+SPLIT.clear()
 t = time.perf_counter()
 op.function(plan)
 print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], **SPLIT)))
@@ -102,6 +113,7 @@ from flash_attn.cute.interface import flash_attn_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 with FakeTensorMode(allow_non_fake_inputs=True):
     q = torch.empty(1, 128, 1, 128, dtype=torch.bfloat16, device="cuda")
+    SPLIT.clear()
     t = time.perf_counter()
     flash_attn_func(q, q, q, causal=True)
     print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
@@ -167,7 +179,8 @@ def main(argv=None) -> int:
                     rows[name].append(run_child(FA4.format(hook=hook, site=str(site)), base, args.pass_timing))
                 print(name, rows[name][-1], flush=True)
     med = {name: {k: round(statistics.median(r[k] for r in rs if k in r), 3)
-                  for k in ("first_compile_s", "trace_s", "native_s", "cache_write_s") if any(k in r for r in rs)}
+                  for k in ("first_compile_s", "trace_s", "native_s", "cache_write_s", "gc_s", "gc_full")
+                  if any(k in r for r in rs)}
            for name, rs in rows.items()}
     ratio = round(med["fa4gen"]["first_compile_s"] / med["flash_attn_4"]["first_compile_s"], 3)
     print(f"medians over {args.rounds} rounds: {json.dumps(med)}; fa4gen / flash-attn-4 first compile {ratio}")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import inspect
 import os
 import re
@@ -228,6 +229,24 @@ def inspect_object(obj: bytes, *, arch: str | None = None, keep_sass: bool) -> t
     return meta, sass_text
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector paused while a kernel is keyed, traced and compiled (restored after, also
+    on an error; left off if the caller had it off). Tracing and the helper-import parse allocate objects by the
+    million, and with torch and cutlass imported each full collection they set off walks every live object:
+    on the dev CPU (session 33) a first call's compile ran one, 0.16-0.19 s, set off by the cold key's helper
+    parse, and a bare compile in a smaller process three, ~0.4 s. Paused, that work folds into the
+    collections that come after. Memory is still freed by reference counting; only cyclic garbage waits for
+    the collector."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def compile_kernel(
     *,
     build_fn: Callable[[], Any],
@@ -256,7 +275,7 @@ def compile_kernel(
         if hit is not None:
             return hit
 
-    with target_arch(arch):
+    with target_arch(arch), collector_paused():
         start = time.perf_counter()
         compiled = build_fn()
         seconds = time.perf_counter() - start

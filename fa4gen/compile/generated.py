@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping
 
-from fa4gen.compile.aot import SASS_FILE, CompileResult, compile_kernel
+from fa4gen.compile.aot import SASS_FILE, CompileResult, collector_paused, compile_kernel
 from fa4gen.compile.cache import (
     IMPORTS_MEMO_FILE, DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources,
 )
@@ -247,7 +247,15 @@ def cached_meta(path: Path, plan: Mapping[str, Any], cache: DiskCache, *, keep_s
 def compile_generated(
     path: Path, qualified_name: str, plan: Mapping[str, Any], *, cache: DiskCache | None, keep_sass: bool = False
 ) -> CompileResult:
-    """Compile (or load from `cache`) the kernel in `path` for the plan's arch."""
+    """Compile (or load from `cache`) the kernel in `path` for the plan's arch (the cyclic garbage collector
+    paused throughout: `aot.collector_paused`)."""
+    with collector_paused():
+        return _compile_generated(path, qualified_name, plan, cache=cache, keep_sass=keep_sass)
+
+
+def _compile_generated(
+    path: Path, qualified_name: str, plan: Mapping[str, Any], *, cache: DiskCache | None, keep_sass: bool
+) -> CompileResult:
     source, key, stale = _keyed_source(path, plan)
     if stale and not set(stale) <= _WARNED_STALE:
         _WARNED_STALE.update(stale)
