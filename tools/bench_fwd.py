@@ -216,8 +216,8 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
     def bwd(deterministic: bool) -> dict:
         return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
 
-    return (_fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse), bwd(False) if args.bwd else None,
-            bwd(True) if args.bwd and args.deterministic else None)
+    fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse)
+    return fwd, bwd(False) if args.bwd else None, bwd(True) if args.bwd and args.deterministic else None
 
 
 def run_specs(args) -> list[dict]:
@@ -345,21 +345,22 @@ def main():
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 pairs = _causal_keys(s, args.window) if causal else s * s
                 flops = 2 * b * h * pairs * (d + dv)  # Q·Kᵀ over d, P·V over dv
+                windowed = causal and args.window is not None
                 res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
-                       "first_call_s": first_call_s, "window": (args.window, 0) if causal and args.window is not None else None}
+                       "first_call_s": first_call_s, "window": (args.window, 0) if windowed else None}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
                 # (SDPA computes no softcap and no sliding window)
-                untimed = {"cudnn", "sdpa_flash"} if sc or (causal and args.window is not None) else skip
+                untimed = {"cudnn", "sdpa_flash"} if sc or windowed else skip
                 for name in untimed:
                     impls.pop(name)
                     res[name] = None
                 if fa4 is not None:
-                    fa4_win = {"window_size": (args.window, 0)} if causal and args.window is not None else {}
+                    fa4_win = {"window_size": (args.window, 0)} if windowed else {}
                     impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw, **fa4_win)
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
-                    if sc or (causal and args.window is not None):
+                    if sc or windowed:
                         raise ValueError("SDPA has no softcap and no sliding window")
                     ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
                     res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
