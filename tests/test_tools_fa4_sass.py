@@ -1,0 +1,29 @@
+"""tools/fa4_sass_cpu.py: flash-attn-4's SM90 kernels compiled on the CPU and their loops listed (the reference's
+key-block loop next to ours between GPU sessions)."""
+
+import re
+
+import pytest
+from conftest import ROOT, load_tool
+
+WHEELS = ROOT / ".device" / "anchors"
+
+
+def test_fa4_sass_cpu_names_the_missing_wheels(tmp_path):
+    tool = load_tool("fa4_sass_cpu")
+    with pytest.raises(SystemExit, match="flash_attn_4, quack_kernels and einops wheels in .*pack.sh --anchors"):
+        tool.main(["--fa4-wheel", str(tmp_path)])
+
+
+@pytest.mark.compile
+@pytest.mark.skipif(not any(WHEELS.glob("flash_attn_4-*.whl")), reason="no flash-attn-4 wheel in .device/anchors")
+def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
+    """d128 without a mask: flash-attn-4's SM90 backward has one key-block loop of 34 MMAs (Sᵀ, dPᵀ, dV, dK, dQ
+    over an 80-row step) and 40 exp2 per thread, as ours; the cubins are kept where --keep says."""
+    pytest.importorskip("cutlass")
+    tool = load_tool("fa4_sass_cpu")
+    assert tool.main(["--dim", "128", "--keep", str(tmp_path / "keep"), "--ops", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("kernel_cutlass_kernel_flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90")
+    assert re.search(r"loop:\s+\d+ instructions\s+34 MMA\s+40 MUFU.EX2\s+0 LDL/STL", out), out
+    assert any(p.suffix == ".cubin" for p in (tmp_path / "keep").iterdir())

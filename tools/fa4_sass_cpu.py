@@ -1,0 +1,113 @@
+"""flash-attn-4's SM90 kernels compiled on the CPU (no GPU) and their loops listed the way tools/sass_loops.py lists
+fa4gen's: per loop that issues MMAs, its instructions, MMAs, MUFU.EX2, LDL/STL and most frequent opcodes. Puts the
+hand-written reference's key-block loop next to ours between GPU sessions (session 33: flash-attn-4's d128 backward
+loop without a mask is 465 instructions to our 453, its d64 causal loop 714, always masked, to our 684 masked /
+576 unmasked; its statistics come by 64 SHFL + 4 LDS per block where ours take 32 LDS).
+
+flash-attn-4 comes from its wheel (`--fa4-wheel`, default .device/anchors/, as tools/compile_time_cpu.py) and
+compiles in a child process under torch's FakeTensorMode with CUTE_DSL_ARCH=sm_90a and CUTE_DSL_KEEP=cubin:
+the forward through `flash_attn_func`, the backward through its `_flash_attn_bwd` with the arguments
+`flash_attn_func`'s autograd passes by default (the autograd engine itself needs a CUDA device guard, which a
+CPU build of torch lacks). The shape is (2, 1024, 8, D), MHA.
+
+Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128 [--causal] [--direction fwd|bwd] [--ops 32] [--keep DIR]`,
+then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["sm90"], "dtype": "bf16",
+"head_dim": 128, "mask": {"kind": "none"}, "backward": true, "allow_gqa": false}' --ops 32` for fa4gen's.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+CHILD = """
+import sys, types
+sys.path.insert(0, {site!r})
+stub = types.ModuleType("quack.autotuner")  # imports triton; these kernels do not autotune
+stub.autotune = lambda *a, **k: (lambda f: f)
+stub.AutotuneConfig = type("AutotuneConfig", (), {{"__init__": lambda self, *a, **k: None}})
+sys.modules["quack.autotuner"] = stub
+import torch, cutlass
+from torch._subclasses.fake_tensor import FakeTensorMode
+from flash_attn.cute.interface import flash_attn_func, _flash_attn_bwd
+with FakeTensorMode(allow_non_fake_inputs=True):
+    q, k, v, out, dout = (torch.empty(2, 1024, 8, {dim}, dtype=torch.bfloat16, device="cuda") for _ in range(5))
+    if {direction!r} == "fwd":
+        flash_attn_func(q, k, v, causal={causal})
+    else:
+        lse = torch.empty(2, 8, 1024, dtype=torch.float32, device="cuda")
+        _flash_attn_bwd(q, k, v, out, dout, lse, causal={causal})
+print("COMPILED")
+"""
+
+# the main kernel's cubin among what the child keeps (pre/postprocess kernels are listed too, after it)
+MAIN = {"fwd": "FlashAttentionForwardSm90", "bwd": "FlashAttentionBackwardSm90"}
+
+
+def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path) -> list[Path]:
+    """flash-attn-4's cubins for one call, compiled in a child process into `keep`."""
+    from compile_time_cpu import unpack_fa4
+
+    with tempfile.TemporaryDirectory(prefix="fa4-sass-") as tmp:
+        site = unpack_fa4(wheel_dir, Path(tmp) / "site")
+        env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
+                   FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(keep))
+        code = CHILD.format(site=str(site), dim=dim, causal=causal, direction=direction)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0 or "COMPILED" not in r.stdout:
+        tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        raise SystemExit(f"flash-attn-4 did not compile (d{dim}, {direction}): {tail}")
+    cubins = sorted(keep.glob("*.cubin"), key=lambda p: (MAIN[direction] not in p.name, p.name))
+    if not cubins:
+        raise SystemExit(f"flash-attn-4 compiled but left no cubin in {keep} (CUTE_DSL_KEEP=cubin)")
+    return cubins
+
+
+def describe(cubin: Path, ops: int) -> list[str]:
+    """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py)."""
+    from sass_loops import loop_ops, loop_rows
+
+    from fa4gen.compile.sass import disassemble
+
+    lines = []
+    for fn in disassemble(cubin.read_bytes()).split(".section\t.text.")[1:]:
+        rows = loop_rows(fn)
+        if not rows:
+            continue
+        name = fn.split("\n", 1)[0].split(",")[0]
+        spills = len(re.findall(r"\b(?:LDL|STL)\b", fn))
+        lines.append(f"{name[:100]}: {fn.count(chr(10))} lines, {spills} LDL/STL")
+        for (n, mma, ex2, ldl), counts in zip(rows, loop_ops(fn)):
+            lines.append(f"    loop: {n:5d} instructions {mma:4d} MMA {ex2:4d} MUFU.EX2 {ldl:3d} LDL/STL")
+            if ops:
+                lines.append("          " + ", ".join(f"{op} {c}" for op, c in counts.most_common(ops)))
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dim", type=int, default=128, help="head dim (64, 96, 128, 192, 256)")
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--direction", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--ops", type=int, default=0, metavar="N", help="also the N most frequent opcodes of each loop")
+    ap.add_argument("--fa4-wheel", type=Path, default=ROOT / ".device" / "anchors",
+                    help="folder with the flash_attn_4, quack_kernels and einops wheels")
+    ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="fa4-cubins-") as tmp:
+        keep = args.keep or Path(tmp)
+        keep.mkdir(parents=True, exist_ok=True)
+        for cubin in compile_fa4(args.dim, args.causal, args.direction, args.fa4_wheel, keep):
+            for line in describe(cubin, args.ops):
+                print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
