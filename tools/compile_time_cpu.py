@@ -100,15 +100,18 @@ op.function(plan)
 print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], **SPLIT)))
 """
 
-FA4 = """
+# a child process's start with flash-attn-4 importable from its unpacked wheels (`site`; format-escaped braces)
+FA4_PRELUDE = """
 import json, os, sys, time, types
 sys.path.insert(0, {site!r})
-stub = types.ModuleType("quack.autotuner")  # imports triton; flash-attn-4's forward does not autotune
+stub = types.ModuleType("quack.autotuner")  # imports triton; flash-attn-4's kernels do not autotune
 stub.autotune = lambda *a, **k: (lambda f: f)
 stub.AutotuneConfig = type("AutotuneConfig", (), {{"__init__": lambda self, *a, **k: None}})
 sys.modules["quack.autotuner"] = stub
 import torch, cutlass
-{hook}
+"""
+
+FA4 = FA4_PRELUDE + """{hook}
 from flash_attn.cute.interface import flash_attn_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 with FakeTensorMode(allow_non_fake_inputs=True):

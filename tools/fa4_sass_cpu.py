@@ -26,14 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-CHILD = """
-import sys, types
-sys.path.insert(0, {site!r})
-stub = types.ModuleType("quack.autotuner")  # imports triton; these kernels do not autotune
-stub.autotune = lambda *a, **k: (lambda f: f)
-stub.AutotuneConfig = type("AutotuneConfig", (), {{"__init__": lambda self, *a, **k: None}})
-sys.modules["quack.autotuner"] = stub
-import torch, cutlass
+from compile_time_cpu import FA4_PRELUDE, unpack_fa4  # noqa: E402
+
+CHILD = FA4_PRELUDE + """
 from torch._subclasses.fake_tensor import FakeTensorMode
 from flash_attn.cute.interface import flash_attn_func, _flash_attn_bwd
 with FakeTensorMode(allow_non_fake_inputs=True):
@@ -52,8 +47,6 @@ MAIN = {"fwd": "FlashAttentionForwardSm90", "bwd": "FlashAttentionBackwardSm90"}
 
 def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path) -> list[Path]:
     """flash-attn-4's cubins for one call, compiled in a child process into `keep`."""
-    from compile_time_cpu import unpack_fa4
-
     with tempfile.TemporaryDirectory(prefix="fa4-sass-") as tmp:
         site = unpack_fa4(wheel_dir, Path(tmp) / "site")
         env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
@@ -71,22 +64,18 @@ def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: P
 
 def describe(cubin: Path, ops: int) -> list[str]:
     """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py)."""
-    from sass_loops import loop_ops, loop_rows
+    from sass_loops import loop_lines, loop_rows
 
     from fa4gen.compile.sass import disassemble
 
     lines = []
     for fn in disassemble(cubin.read_bytes()).split(".section\t.text.")[1:]:
-        rows = loop_rows(fn)
-        if not rows:
+        if not loop_rows(fn):
             continue
         name = fn.split("\n", 1)[0].split(",")[0]
         spills = len(re.findall(r"\b(?:LDL|STL)\b", fn))
         lines.append(f"{name[:100]}: {fn.count(chr(10))} lines, {spills} LDL/STL")
-        for (n, mma, ex2, ldl), counts in zip(rows, loop_ops(fn)):
-            lines.append(f"    loop: {n:5d} instructions {mma:4d} MMA {ex2:4d} MUFU.EX2 {ldl:3d} LDL/STL")
-            if ops:
-                lines.append("          " + ", ".join(f"{op} {c}" for op, c in counts.most_common(ops)))
+        lines += loop_lines(fn, ops=ops)
     return lines
 
 

@@ -44,6 +44,16 @@ def loop_rows(sass_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int
             for body, mma in _mma_loops(sass_text, min_mma)]
 
 
+def loop_lines(sass_text: str, min_mma: int = 1, ops: int = 0) -> list[str]:
+    """The listing's lines for each loop `loop_rows` finds, with its `ops` most frequent opcodes under it."""
+    lines = []
+    for (n, mma, ex2, spill), counts in zip(loop_rows(sass_text, min_mma), loop_ops(sass_text, min_mma)):
+        lines.append(f"    loop: {n:5d} instructions  {mma:3d} MMA  {ex2:3d} MUFU.EX2  {spill:2d} LDL/STL")
+        if ops:
+            lines.append("          " + ", ".join(f"{op} {c}" for op, c in counts.most_common(ops)))
+    return lines
+
+
 def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
     """Opcode (without modifiers or predicate) counts per loop, for the loops `loop_rows` lists."""
     from fa4gen.compile.sass import summarize_sass
@@ -74,10 +84,8 @@ def main(argv=None) -> int:
             if args.dump is not None:
                 args.dump.mkdir(parents=True, exist_ok=True)
                 (args.dump / f"{spec.name}.{plan.module}.sass").write_text(sass)
-            for (n, mma, ex2, spill), ops in zip(loop_rows(sass, args.min_mma), loop_ops(sass, args.min_mma)):
-                print(f"    loop: {n:5d} instructions  {mma:3d} MMA  {ex2:3d} MUFU.EX2  {spill:2d} LDL/STL")
-                if args.ops:
-                    print("          " + ", ".join(f"{op} {c}" for op, c in ops.most_common(args.ops)))
+            for line in loop_lines(sass, args.min_mma, args.ops):
+                print(line)
     return 0
 
 
