@@ -9,7 +9,9 @@ that spilled before, one per cause):
   record) and the epilogue reads them back;
 - the varlen query-block range, computed before the role split and live into the producer warps'
   24 registers, was spilled and reloaded between the masked and unmasked runs (d64 causal varlen);
-  the consumers now take it from the tile record."""
+  the consumers now take it from the tile record;
+- the fp16 deterministic MHA backward with 80-row Sᵀ steps spilled a piece of the dS stmatrix's per-thread
+  index (signed-division fix-ups of tidx_c); the template masks that index to [0, 256) there."""
 
 import re
 
@@ -39,6 +41,9 @@ CASES = {
     "d64_causal_gqa_det": (64, CAUSAL, True, False, True),  # 4
     "d64_causal_varlen": (64, CAUSAL, False, True, False),  # 2, one between the runs
     "d64_causal_gqa_varlen_det": (64, CAUSAL, True, True, True),  # 14
+    # fp16 deterministic MHA, 80-row Sᵀ steps: a piece of the dS stmatrix's per-thread index (ds_thread_masked)
+    "d128_none_fp16_det": (128, NONE, False, False, True, "fp16", 0.0),  # 3, 1 in the key-block loop
+    "d128_none_fp16_varlen_det": (128, NONE, False, True, True, "fp16", 0.0),  # 3
 }
 
 

@@ -50,6 +50,9 @@ SPECS = {
     "gb_fp16_d192_128_none_det_mha_dkvt_handoff": dict(dtype="fp16", head_dim=192, head_dim_v=128, allow_gqa=False,
                                                        deterministic=True, pipeline={"bwd_dq_atomic": False}),
     "gb_bf16_d128_none_det_gqa": dict(dtype="bf16", head_dim=128, deterministic=True),
+    # fp16 deterministic MHA with 80-row Sᵀ steps: the dS stmatrix partition's masked thread index
+    # (templates/sm90/bwd.py.j2, ds_thread_masked)
+    "gb_fp16_d128_none_det_mha": dict(dtype="fp16", head_dim=128, deterministic=True, allow_gqa=False),
     # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
     "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),
     "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
@@ -219,6 +222,7 @@ def test_stride_zero_output_gradient_and_partial_requires_grad():
 @pytest.mark.parametrize("name, shape", [
     ("gb_bf16_d128_none_det_gqa", (2, 1000, 1000, 8, 2)),  # dQ and the GQA dK/dV through semaphores
     ("gb_bf16_d64_causal_softcap_det_mha", (2, 777, 1024, 4, 4)),  # dQ through semaphores
+    ("gb_fp16_d128_none_det_mha", (2, 1000, 1000, 4, 4)),  # 80-row Sᵀ steps, the masked dS index
     ("gb_bf16_d256_causal_det_gqa_dqatomic", (2, 1000, 1000, 8, 2)),  # dQ adds from registers, in turns
 ])
 def test_deterministic_backward_is_bitwise_reproducible(name, shape):
