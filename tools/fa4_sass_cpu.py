@@ -10,7 +10,7 @@ the forward through `flash_attn_func`, the backward through its `_flash_attn_bwd
 `flash_attn_func`'s autograd passes by default (the autograd engine itself needs a CUDA device guard, which a
 CPU build of torch lacks). The shape is (2, 1024, 8, D), MHA.
 
-Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128 [--causal] [--direction fwd|bwd] [--ops 32] [--keep DIR]`,
+Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128|192x128 [--causal] [--direction fwd|bwd] [--ops 32] [--keep DIR]`,
 then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["sm90"], "dtype": "bf16",
 "head_dim": 128, "mask": {"kind": "none"}, "backward": true, "allow_gqa": false}' --ops 32` for fa4gen's.
 """
@@ -32,7 +32,8 @@ CHILD = FA4_PRELUDE + """
 from torch._subclasses.fake_tensor import FakeTensorMode
 from flash_attn.cute.interface import flash_attn_func, _flash_attn_bwd
 with FakeTensorMode(allow_non_fake_inputs=True):
-    q, k, v, out, dout = (torch.empty(2, 1024, 8, {dim}, dtype=torch.bfloat16, device="cuda") for _ in range(5))
+    q, k = (torch.empty(2, 1024, 8, {dim}, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    v, out, dout = (torch.empty(2, 1024, 8, {dim_v}, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     if {direction!r} == "fwd":
         flash_attn_func(q, k, v, causal={causal})
     else:
@@ -45,13 +46,14 @@ print("COMPILED")
 MAIN = {"fwd": "FlashAttentionForwardSm90", "bwd": "FlashAttentionBackwardSm90"}
 
 
-def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path) -> list[Path]:
-    """flash-attn-4's cubins for one call, compiled in a child process into `keep`."""
+def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path, dim_v: int | None = None) -> list[Path]:
+    """flash-attn-4's cubins for one call (V's head dim `dim_v`, default `dim`), compiled in a child process into
+    `keep`."""
     with tempfile.TemporaryDirectory(prefix="fa4-sass-") as tmp:
         site = unpack_fa4(wheel_dir, Path(tmp) / "site")
         env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
                    FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(keep))
-        code = CHILD.format(site=str(site), dim=dim, causal=causal, direction=direction)
+        code = CHILD.format(site=str(site), dim=dim, dim_v=dim_v or dim, causal=causal, direction=direction)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0 or "COMPILED" not in r.stdout:
         tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
@@ -81,7 +83,7 @@ def describe(cubin: Path, ops: int) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dim", type=int, default=128, help="head dim (64, 96, 128, 192, 256)")
+    ap.add_argument("--dim", default="128", help="head dim (64, 96, 128, 192, 256), or DxDV for V's own (192x128)")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--direction", choices=("fwd", "bwd"), default="bwd")
     ap.add_argument("--ops", type=int, default=0, metavar="N", help="also the N most frequent opcodes of each loop")
@@ -89,10 +91,13 @@ def main(argv=None) -> int:
                     help="folder with the flash_attn_4, quack_kernels and einops wheels")
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
     args = ap.parse_args(argv)
+    d, _, dv = args.dim.partition("x")
+    if not (d.isdigit() and (dv.isdigit() or not dv)):
+        ap.error(f"--dim: expected a head dim such as 128 or DxDV such as 192x128, got {args.dim!r}")
     with tempfile.TemporaryDirectory(prefix="fa4-cubins-") as tmp:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
-        for cubin in compile_fa4(args.dim, args.causal, args.direction, args.fa4_wheel, keep):
+        for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None):
             for line in describe(cubin, args.ops):
                 print(line)
     return 0
