@@ -27,3 +27,10 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     assert out.splitlines()[0].startswith("kernel_cutlass_kernel_flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90")
     assert re.search(r"loop:\s+\d+ instructions\s+34 MMA\s+40 MUFU.EX2\s+0 LDL/STL", out), out
     assert any(p.suffix == ".cubin" for p in (tmp_path / "keep").iterdir())
+
+
+def test_fa4_sass_cpu_refuses_a_malformed_head_dim(tmp_path, capsys):
+    tool = load_tool("fa4_sass_cpu")
+    with pytest.raises(SystemExit):
+        tool.main(["--dim", "192x", "--fa4-wheel", str(tmp_path)])
+    assert "--dim: expected a head dim such as 128 or DxDV such as 192x128, got '192x'" in capsys.readouterr().err

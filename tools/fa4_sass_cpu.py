@@ -10,7 +10,8 @@ the forward through `flash_attn_func`, the backward through its `_flash_attn_bwd
 `flash_attn_func`'s autograd passes by default (the autograd engine itself needs a CUDA device guard, which a
 CPU build of torch lacks). The shape is (2, 1024, 8, D), MHA.
 
-Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128|192x128 [--causal] [--direction fwd|bwd] [--ops 32] [--keep DIR]`,
+Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128|192x128 [--causal] [--direction fwd|bwd] [--ops 32]
+[--keep DIR]`,
 then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["sm90"], "dtype": "bf16",
 "head_dim": 128, "mask": {"kind": "none"}, "backward": true, "allow_gqa": false}' --ops 32` for fa4gen's.
 """
@@ -46,7 +47,8 @@ print("COMPILED")
 MAIN = {"fwd": "FlashAttentionForwardSm90", "bwd": "FlashAttentionBackwardSm90"}
 
 
-def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path, dim_v: int | None = None) -> list[Path]:
+def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path,
+                dim_v: int | None = None) -> list[Path]:
     """flash-attn-4's cubins for one call (V's head dim `dim_v`, default `dim`), compiled in a child process into
     `keep`."""
     with tempfile.TemporaryDirectory(prefix="fa4-sass-") as tmp:
@@ -91,8 +93,8 @@ def main(argv=None) -> int:
                     help="folder with the flash_attn_4, quack_kernels and einops wheels")
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
     args = ap.parse_args(argv)
-    d, _, dv = args.dim.partition("x")
-    if not (d.isdigit() and (dv.isdigit() or not dv)):
+    d, x, dv = args.dim.partition("x")
+    if not (d.isdigit() and (dv.isdigit() if x else not dv)):
         ap.error(f"--dim: expected a head dim such as 128 or DxDV such as 192x128, got {args.dim!r}")
     with tempfile.TemporaryDirectory(prefix="fa4-cubins-") as tmp:
         keep = args.keep or Path(tmp)
