@@ -1,9 +1,10 @@
 """Table of an A/B run of tools/ab_bench.sh: per grid cell, fa4gen's TFLOP/s of the new tree and of the
 reference in every round, new/ref and each side's ratio to flash-attn-4, forward and, when the runs had
 --bwd, backward (and with --deterministic the deterministic backward, against flash-attn-4's only
-backward); then the geometric mean of new/ref, its spread over rounds, and the raw ratios' geometric mean. Each side's runs are separate
-processes whose clocks drift (the matmul rate moved 9% in 7 minutes in session 13), so new/ref divides
-each run's fa4gen cell by the same run's flash-attn-4 cell first — the same-run ratio — and falls back
+backward); then the geometric mean of new/ref, its spread over rounds, and the raw ratios' geometric mean.
+Each side's runs are separate processes whose clocks drift (the matmul rate moved 9% in 7 minutes in session
+13), so new/ref divides each run's fa4gen cell by the same run's flash-attn-4 cell first — the same-run ratio —
+and falls back
 to raw TFLOP/s only where flash-attn-4 did not run. The last column is the raw ratio of the means, marked
 when it differs from new/ref by more than 3%: then one run's flash-attn-4 cell was an outlier (session 16:
 520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look.
