@@ -7,6 +7,9 @@ A-operand fragment of the 16-bit MMA. Both are pure layout algebra on static lay
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 @cute.jit
@@ -45,16 +48,46 @@ def operand_buffer(acc: cute.Tensor, dtype):
     return buf, cute.make_tensor(buf.iterator, c_as_a_layout(acc.layout))
 
 
+@dsl_user_op
+def _pack2_pinned(lo: Float32, hi: Float32, to_bf16: cutlass.Constexpr[bool], *, loc=None, ip=None) -> Int32:
+    """Two fp32 values rounded to nearest into one register of 16-bit halves (lo in the low half), as inline
+    PTX: LLVM leaves it where it is written, where it sank the arith conversions below a following branch (see
+    `convert`'s `pinned`); ptxas still schedules it freely within its block."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Float32(lo).ir_value(loc=loc, ip=ip), Float32(hi).ir_value(loc=loc, ip=ip)],
+            f"cvt.rn.{'bf16x2' if to_bf16 else 'f16x2'}.f32 $0, $2, $1;",
+            "=r,f,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
 @cute.jit
-def convert(dst: cute.Tensor, src: cute.Tensor):
+def convert(dst: cute.Tensor, src: cute.Tensor, pinned: cutlass.Constexpr[bool] = False):
     """dst = src converted to dst's type (same layout, registers). A fragment whose value count is a power of two
     converts as one vector, whose lowering packs neighbouring values two per instruction. Other counts (tile_n 80:
     40 values) lowered to one conversion per value, and ptxas then paired them up and swapped every pair's halves
     into place with a PRMT before the P·V WGMMA read them (20 per key block at tile_n 80), so those convert in
     vectors of 8 (storage order: a C fragment's neighbouring columns stay neighbours); the same rounding either
-    way."""
+    way.
+
+    `pinned` (fp32 to bf16 / fp16 only): the conversions stay where they are written, in pairs of neighbouring
+    values (storage order), instead of where LLVM would sink them. The SM90 forward converts P before the
+    conditional O rescale, a branch: sunk below it, the 32 conversions of a key block ran as one burst at the
+    block's end (stalled on the conversion pipe, 6% of the (192, 128) forward's stall samples on the H200), while
+    above it ptxas spreads them through the exp2 stream, as in flash-attn-4's loop."""
     n = cute.size(src)
-    if cutlass.const_expr(n & (n - 1) == 0 or n % 8 != 0):
+    if cutlass.const_expr(pinned):
+        to_bf16 = cutlass.const_expr(dst.element_type == cutlass.BFloat16)
+        s1 = cute.make_tensor(src.iterator, cute.make_layout(n))
+        d2 = cute.recast_tensor(cute.make_tensor(dst.iterator, cute.make_layout(n)), Int32)
+        for i in cutlass.range_constexpr(n // 2):
+            d2[i] = _pack2_pinned(s1[2 * i], s1[2 * i + 1], to_bf16)
+    elif cutlass.const_expr(n & (n - 1) == 0 or n % 8 != 0):
         dst.store(src.load().to(dst.element_type))
     else:
         s8 = cute.logical_divide(cute.make_tensor(src.iterator, cute.make_layout(n)), cute.make_layout(8))
