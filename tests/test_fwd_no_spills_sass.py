@@ -127,3 +127,28 @@ def test_p_of_a_tile_n_80_block_converts_in_pairs_without_prmt(tmp_path):
     (block,) = [body for body in loops(sass, wait_returns=False) if any("HGMMA" in line for line in body)]
     assert sum("F2FP" in line for line in block) == 20  # 40 values, two per conversion
     assert not any("PRMT" in line for line in block)
+
+
+@pytest.mark.parametrize("d, dv, mask", [(128, 128, "none"), (192, 128, "causal")])
+def test_p_conversions_run_inside_the_exp2_stream(d, dv, mask, tmp_path):
+    """P is converted before the conditional O rescale, a branch, with conversions LLVM cannot sink below it, so
+    ptxas spreads the key block's 32 F2FP through the MUFU.EX2 stream (flash-attn-4's loop shape). Sunk below the
+    branch they ran as one burst at the block's end: on the H200, (192, 128) causal s4k, F2FP held 6.3% of the
+    forward's stall samples against flash-attn-4's 1.8% (docs/PERF.md, session 34)."""
+    from fa4gen.builder import compile_for_sass
+    from fa4gen.compile.sass import loops
+    from fa4gen.plan import plan_kernels
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict(dict(name=f"cvt_{d}_{mask}", targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv,
+                               mask={"kind": mask}))
+    plan = plan_kernels(spec, "sm90")[0]
+    ((_, report, sass),) = compile_for_sass(spec, [plan], tmp_path, "cvt_gen")
+    assert report.status == "compiled", report.detail
+    mma_loops = [body for body in loops(sass, wait_returns=False) if any("HGMMA" in line for line in body)]
+    block = min((body for body in mma_loops if len(body) < 1000), key=len)  # the unmasked key-block loop
+    f2fp = [i for i, line in enumerate(block) if "F2FP" in line]
+    ex2 = [i for i, line in enumerate(block) if "MUFU.EX2" in line]
+    assert len(f2fp) == 32 and len(ex2) == 66
+    # most conversions issue before the block's last exp2 (a burst after it was the old shape)
+    assert sum(i < ex2[-1] for i in f2fp) >= 24, (f2fp, ex2[-1])
