@@ -267,7 +267,9 @@ class FlashFwdSm90:
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                         is_first=True,
                     )
-                    frag.convert(tOrP_c, acc_S)
+                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                    frag.convert(tOrP_c, acc_S, pinned=True)
                 for i in cutlass.range(n_max - 1 - n_hi, unroll=1):
                     n_block = n_max - 1 - 1 - i
                     v_state = kv_state.clone()
@@ -303,8 +305,10 @@ class FlashFwdSm90:
                     )
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
+                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                    frag.convert(tOrP_c, acc_S, pinned=True)
                     softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                    frag.convert(tOrP_c, acc_S)
                 for i in cutlass.range(n_hi - n_lo, unroll=1):
                     n_block = n_hi - 1 - i
                     v_state = kv_state.clone()
@@ -336,8 +340,10 @@ class FlashFwdSm90:
                     )
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
+                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                    frag.convert(tOrP_c, acc_S, pinned=True)
                     softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                    frag.convert(tOrP_c, acc_S)
                 for i in cutlass.range(n_lo - n_min, unroll=1):
                     n_block = n_lo - 1 - i
                     v_state = kv_state.clone()
@@ -373,8 +379,10 @@ class FlashFwdSm90:
                     )
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
+                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                    frag.convert(tOrP_c, acc_S, pinned=True)
                     softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-                    frag.convert(tOrP_c, acc_S)
 
                 # every S of this tile has completed (waited for in its block): Q's buffer is free
                 pipe_q.consumer_release(q_cstate)
