@@ -82,6 +82,10 @@ def convert(dst: cute.Tensor, src: cute.Tensor, pinned: cutlass.Constexpr[bool] 
     above it ptxas spreads them through the exp2 stream, as in flash-attn-4's loop."""
     n = cute.size(src)
     if cutlass.const_expr(pinned):
+        if cutlass.const_expr(src.element_type != cutlass.Float32
+                              or dst.element_type not in (cutlass.BFloat16, cutlass.Float16)):
+            raise TypeError(f"frag.convert(pinned=True) converts Float32 to BFloat16 / Float16, "
+                            f"got {src.element_type} to {dst.element_type}")
         to_bf16 = cutlass.const_expr(dst.element_type == cutlass.BFloat16)
         s1 = cute.make_tensor(src.iterator, cute.make_layout(n))
         d2 = cute.recast_tensor(cute.make_tensor(dst.iterator, cute.make_layout(n)), Int32)
