@@ -127,6 +127,13 @@ def _build_add():
     return cute.compile(_add, a, b, c, stream, options="--enable-tvm-ffi")
 
 
+def _build_add_exported_only():
+    n = cute.sym_int()
+    a, b, c = (make_fake_compact_tensor(cutlass.Float32, (n,), assumed_align=16) for _ in range(3))
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(_add, a, b, c, stream, options="--enable-tvm-ffi", no_jit_engine=True)
+
+
 def _key(arch: str, tag: str) -> str:
     return cache_key(source=f"test_sass:{tag}", helper_sources={}, arch=arch, options={"tag": tag})
 
@@ -135,6 +142,26 @@ needs_nvdisasm = pytest.mark.skipif(find_nvdisasm() is None, reason="nvdisasm no
 
 
 needs_cc = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler")
+
+
+@pytest.mark.compile
+@needs_cc
+def test_a_miss_without_a_jit_engine_returns_the_exported_kernel(tmp_path, monkeypatch):
+    """Compiled with no_jit_engine (what fa4gen's kernels do: the host code is generated once, for the export),
+    a miss's function is the exported kernel: the stored shared library loaded as a hit loads it, or, when
+    nothing is stored, the object JIT-linked. A build_fn with a JIT engine keeps its own function."""
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    cache, key = DiskCache(), _key("sm_90a", "add_exported_only")
+    stored = aot.compile_kernel(build_fn=_build_add_exported_only, arch="sm_90a", name="add", cache=cache, key=key,
+                                keep_sass=False)
+    assert not stored.cache_hit and type(stored.function).__name__ == "Function"  # tvm_ffi's, from the .so
+    assert aot.SHARED_FILE in cache.get(key).meta["files"]
+    unstored = aot.compile_kernel(build_fn=_build_add_exported_only, arch="sm_90a", name="add", cache=None,
+                                  key=None, keep_sass=False)
+    assert getattr(unstored.function, "engine", "none") == "none" and callable(unstored.function)  # JIT-linked
+    with_engine = aot.compile_kernel(build_fn=_build_add, arch="sm_90a", name="add", cache=None, key=None,
+                                     keep_sass=False)
+    assert with_engine.function.engine is not None
 
 
 @pytest.mark.compile

@@ -28,7 +28,7 @@ import tvm_ffi  # part of a cache hit's load: without torch's DLPack C exchange 
 print("IMPORT_TVM_FFI_S", time.perf_counter() - t0)
 print("DLPACK_C_API", int(hasattr(torch.Tensor, "__dlpack_c_exchange_api__")))
 pkg = fa4gen.build({spec!r})
-q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(1, {seqlen}, 1, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
 t1 = time.perf_counter()
 pkg.attention(q, q, q)
@@ -46,7 +46,7 @@ import time, torch
 t0 = time.perf_counter()
 from flash_attn.cute.interface import flash_attn_func
 print("IMPORT_S", time.perf_counter() - t0)
-q = torch.randn(1, 128, 1, 128, device="cuda", dtype=torch.bfloat16)
+q = torch.randn(1, {seqlen}, 1, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
 t1 = time.perf_counter()
 flash_attn_func(q, q, q, causal=True)
@@ -60,12 +60,17 @@ def _child_values(stdout: str) -> dict:
     return dict(ln.split() for ln in stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
 
 
-def first_call(cache_dir: str, preimport: bool = False) -> dict:
-    """A fresh process's first call of SPEC (a compile when `cache_dir` is empty, else a disk-cache load);
-    `preimport`: cutlass imported before the clock starts, as flash-attn-4's first call finds it."""
+# the first call's shape (1, seqlen, 1, 128): 128 runs the persistent short-call kernel (fwd_sm90), LONG_SEQLEN
+# the one-CTA-per-tile kernel of long calls (fwd_sm90_long, fa4gen/plan/sm90.py), each a variant of its own
+LONG_SEQLEN = 8192
+
+
+def first_call(cache_dir: str, preimport: bool = False, seqlen: int = 128) -> dict:
+    """A fresh process's first call of SPEC on (1, seqlen, 1, 128) (a compile when `cache_dir` is empty, else a
+    disk-cache load); `preimport`: cutlass imported before the clock starts, as flash-attn-4's first call finds it."""
     env = dict(os.environ, FA4GEN_CACHE_DIR=cache_dir)
     env.pop("FA4GEN_QUIET", None)  # the log line carries the cache-load time apart from the first launch
-    r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC, preimport=preimport)], env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC, preimport=preimport, seqlen=seqlen)], env=env,
                        capture_output=True, text=True)
     vals = _child_values(r.stdout)
     if "FIRST_CALL_S" not in vals:
@@ -87,11 +92,11 @@ def compiled_call(op, q, o) -> tuple:
     return hit.fn, hit.args, hit.lse_shape
 
 
-def fa4_first_call() -> dict | str:
+def fa4_first_call(seqlen: int = 128) -> dict | str:
     """flash-attn-4's first call of the same causal d128 shape in a fresh process, its on-disk kernel cache
     off (its default): the compile that #3's cold-compile target compares against, on the same machine."""
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0")
-    r = subprocess.run([sys.executable, "-c", FA4_CHILD], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", FA4_CHILD.format(seqlen=seqlen)], env=env, capture_output=True, text=True)
     vals = _child_values(r.stdout)
     if "FIRST_CALL_S" not in vals:
         return f"unavailable: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"[:300]
@@ -148,7 +153,11 @@ def main():
     res = {"cold_process": first_call(cache), "cached_process": first_call(cache),
            # the compile alone, like for like with flash-attn-4's first call (both with cutlass imported)
            "cold_process_cutlass_imported": first_call(tempfile.mkdtemp(prefix="fa4gen-cost-"), preimport=True),
-           "flash_attn_4_cold_process": fa4_first_call()}
+           "flash_attn_4_cold_process": fa4_first_call(),
+           # the long-call kernel's first call, (1, LONG_SEQLEN, 1, 128), both sides
+           "cold_process_cutlass_imported_long": first_call(tempfile.mkdtemp(prefix="fa4gen-cost-"), preimport=True,
+                                                            seqlen=LONG_SEQLEN),
+           "flash_attn_4_cold_process_long": fa4_first_call(LONG_SEQLEN)}
     os.environ["FA4GEN_CACHE_DIR"] = cache
     import fa4gen
     from fa4gen.api.runtime import call_key

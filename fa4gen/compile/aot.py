@@ -175,10 +175,15 @@ def load_cached(entry: Entry) -> Callable[..., Any]:
         function = None
     if function is not None:
         return function
+    return _jit_link(entry.artifact_path)
+
+
+def _jit_link(obj_path: Path) -> Callable[..., Any]:
+    """The exported object at ``obj_path`` JIT-linked by CuTe-DSL (read at once: the file may go after)."""
     import cutlass.cute as cute
 
     _preload_runtime()
-    module = cute.runtime.load_module(str(entry.artifact_path), enable_tvm_ffi=True)
+    module = cute.runtime.load_module(str(obj_path), enable_tvm_ffi=True)
     return getattr(module, EXPORT_NAME)
 
 
@@ -260,8 +265,9 @@ def compile_kernel(
     """Compile ``build_fn()`` for ``arch`` (no GPU needed), or load it from ``cache``.
 
     ``build_fn`` is zero-argument and returns ``cute.compile(fn, *fake_args,
-    options="--enable-tvm-ffi")``; it runs under :func:`target_arch`. On a miss the
-    object is exported, inspected (registers, smem, stack; SASS summary with
+    options="--enable-tvm-ffi")``, best with ``no_jit_engine=True`` (the result's ``function`` is then the
+    exported kernel, loaded as a hit loads it, and its host code is generated once instead of twice);
+    it runs under :func:`target_arch`. On a miss the object is exported, inspected (registers, smem, stack; SASS summary with
     ``keep_sass``) and stored under ``key``; a cache that cannot be written is warned
     about and skipped. On a hit the stored object is loaded; with ``keep_sass`` and an
     entry stored without SASS, the SASS is computed from the stored cubin and the entry
@@ -280,21 +286,28 @@ def compile_kernel(
         compiled = build_fn()
         seconds = time.perf_counter() - start
 
+    # compiled without a JIT engine (cute.compile(..., no_jit_engine=True): its host code is generated once,
+    # for the export, instead of twice): the callable is what was exported, loaded as a cache hit loads it
+    exported_only = getattr(compiled, "engine", True) is None
+    function, entry = compiled, None
     with tempfile.TemporaryDirectory(prefix="fa4gen-aot-") as tmp:
         obj_path = Path(tmp) / "artifact.o"
         export_object(compiled, obj_path)
         obj = obj_path.read_bytes()
-    meta, sass_text = inspect_object(obj, arch=arch, keep_sass=keep_sass)
-    meta.update(name=name, arch=arch, compile_seconds=round(seconds, 3))
-    if use_cache and store:
-        extras = _cache_extras(obj, sass_text, meta)
-        try:
-            meta = cache.put(key, obj, meta, extras=extras).meta
-        except OSError as err:
-            warnings.warn(f"fa4gen cache at {cache.root} not written ({err})", FA4GenCacheWarning, stacklevel=2)
+        meta, sass_text = inspect_object(obj, arch=arch, keep_sass=keep_sass)
+        meta.update(name=name, arch=arch, compile_seconds=round(seconds, 3))
+        if use_cache and store:
+            extras = _cache_extras(obj, sass_text, meta)
+            try:
+                entry = cache.put(key, obj, meta, extras=extras)
+                meta = entry.meta
+            except OSError as err:
+                warnings.warn(f"fa4gen cache at {cache.root} not written ({err})", FA4GenCacheWarning, stacklevel=2)
+        if exported_only:
+            function = load_cached(entry) if entry is not None else _jit_link(obj_path)
     return CompileResult(
         name=name, arch=arch, seconds=seconds, cache_hit=False, key=key,
-        meta=meta, function=compiled, sass_text=sass_text,
+        meta=meta, function=function, sass_text=sass_text,
     )
 
 

@@ -271,7 +271,8 @@ def _compile_generated(
 
         module = _module_from_source(qualified_name, Path(path), source, key)
         kernel = getattr(module, plan["class_name"])()
-        return cute.compile(kernel, *module.fake_arguments(), options=COMPILE_OPTIONS)
+        # no JIT engine: compile_kernel loads the exported kernel instead (the host code is not generated twice)
+        return cute.compile(kernel, *module.fake_arguments(), options=COMPILE_OPTIONS, no_jit_engine=True)
 
     return compile_kernel(
         build_fn=build,
