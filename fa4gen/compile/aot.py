@@ -267,8 +267,8 @@ def compile_kernel(
     ``build_fn`` is zero-argument and returns ``cute.compile(fn, *fake_args,
     options="--enable-tvm-ffi")``, best with ``no_jit_engine=True`` (the result's ``function`` is then the
     exported kernel, loaded as a hit loads it, and its host code is generated once instead of twice);
-    it runs under :func:`target_arch`. On a miss the object is exported, inspected (registers, smem, stack; SASS summary with
-    ``keep_sass``) and stored under ``key``; a cache that cannot be written is warned
+    it runs under :func:`target_arch`. On a miss the object is exported, inspected (registers, smem,
+    stack; SASS summary with ``keep_sass``) and stored under ``key``; a cache that cannot be written is warned
     about and skipped. On a hit the stored object is loaded; with ``keep_sass`` and an
     entry stored without SASS, the SASS is computed from the stored cubin and the entry
     is updated. With ``store`` False a miss is not stored (what it compiled may not be what ``key``
