@@ -50,7 +50,13 @@ ROW_SPLIT = TILE_M == 128
 SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
 DQ_ATOMS, DQ_N = hopper.dq_split(HEAD_DIM, TILE_M)
 DQ_T = hopper.dq_transposed(TILE_M)  # 80-row tiles: dQᵀ = Kᵀ·dSᵀ, chunks of 64 head-dim rows x TILE_M queries
-STAT_SETS = (TILE_M + 63) // 64  # Sᵀ: per-query statistics held 2 per lane per 64 queries
+# Sᵀ: fragment columns (queries) whose LSE2 / D a thread reads into registers ahead of the MMA waits (the
+# rest are read at their use): LSE2 before the Sᵀ/dPᵀ GEMMs are issued, D while the exp2 stream runs. All
+# 16 columns of a 64-row tile, 8 of 20 LSE2 at 80 rows; none at 128 rows (d <= 64), where Sᵀ and dPᵀ take
+# 64 registers each. More spilled in the CPU sweep (tools/spill_sweep.py --only bwd, session 37): 16 / 20
+# LSE2 at 80 rows (fp16 varlen), 4 LSE2 at 128 rows (bf16 causal GQA)
+LSE2_HELD = {64: 16, 80: 8}.get(TILE_M, 0)
+DSUM_HELD = {64: 16}.get(TILE_M, 0)
 MASK = dict(causal=False, local=True, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
@@ -88,12 +94,6 @@ def _qk(t: cute.Tensor) -> cute.Tensor:
 def _t(t: cute.Tensor) -> cute.Tensor:
     """The transposed view (first two modes swapped) of a staged smem tensor."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0, 2]))
-
-
-def _stat(c: int) -> int:
-    """Sᵀ: column c of a thread's fragment is query q = 8 (c // 2) + 2 (lane % 4) + c % 2 of the block, whose
-    statistics lane (q % 64) // 2 = 4 (c // 2 % 8) + lane % 4 holds as element 2 (q // 64) + c % 2."""
-    return 2 * (c // 16) + c % 2
 
 
 class FlashBwdSm90:

@@ -50,7 +50,13 @@ ROW_SPLIT = TILE_M == 128
 SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2)
 DQ_ATOMS, DQ_N = hopper.dq_split(HEAD_DIM, TILE_M)
 DQ_T = hopper.dq_transposed(TILE_M)  # 80-row tiles: dQᵀ = Kᵀ·dSᵀ, chunks of 64 head-dim rows x TILE_M queries
-STAT_SETS = (TILE_M + 63) // 64  # Sᵀ: per-query statistics held 2 per lane per 64 queries
+# Sᵀ: fragment columns (queries) whose LSE2 / D a thread reads into registers ahead of the MMA waits (the
+# rest are read at their use): LSE2 before the Sᵀ/dPᵀ GEMMs are issued, D while the exp2 stream runs. All
+# 16 columns of a 64-row tile, 8 of 20 LSE2 at 80 rows; none at 128 rows (d <= 64), where Sᵀ and dPᵀ take
+# 64 registers each. More spilled in the CPU sweep (tools/spill_sweep.py --only bwd, session 37): 16 / 20
+# LSE2 at 80 rows (fp16 varlen), 4 LSE2 at 128 rows (bf16 causal GQA)
+LSE2_HELD = {64: 16, 80: 8}.get(TILE_M, 0)
+DSUM_HELD = {64: 16}.get(TILE_M, 0)
 MASK = dict(causal=True, local=False, chunked=False)
 CONSUMERS = 256
 EPILOGUE_BARRIER = 1  # the consumer warpgroups
@@ -88,12 +94,6 @@ def _qk(t: cute.Tensor) -> cute.Tensor:
 def _t(t: cute.Tensor) -> cute.Tensor:
     """The transposed view (first two modes swapped) of a staged smem tensor."""
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0, 2]))
-
-
-def _stat(c: int) -> int:
-    """Sᵀ: column c of a thread's fragment is query q = 8 (c // 2) + 2 (lane % 4) + c % 2 of the block, whose
-    statistics lane (q % 64) // 2 = 4 (c // 2 % 8) + lane % 4 holds as element 2 (q // 64) + c % 2."""
-    return 2 * (c // 16) + c % 2
 
 
 class FlashBwdSm90:
@@ -464,13 +464,9 @@ class FlashBwdSm90:
             tScS0_rc = frag.rows_cols(tiled_mma_sdp.get_slice(0).partition_C(_qk(cS)))  # compile-time, for the mask
             n_rows = cute.size(s_rc, mode=[0])
             n_cols = cute.size(s_rc, mode=[1])
-            # per-query statistics: lane l holds those of queries 2l, 2l+1 of the block (and 64 + 2l,
-            # 65 + 2l of an 80-row block); a thread reads the ones of its columns by shuffle (16 columns
-            # per thread would cost 32 registers)
-            lse2 = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
-            dsum = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
-            lse2_next = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
-            dsum_next = cute.make_rmem_tensor((2 * STAT_SETS,), Float32)
+            # the per-query statistics of a thread's first fragment columns, read from shared memory ahead of use
+            lse2 = cute.make_rmem_tensor((max(LSE2_HELD, 1),), Float32)
+            dsum = cute.make_rmem_tensor((max(DSUM_HELD, 1),), Float32)
             lane = cute.arch.lane_idx()
             lane4 = lane % 4  # column c of the Sᵀ fragment is query 8 * (c // 2) + 2 * lane4 + c % 2
             rP, tdVrP = frag.operand_buffer(acc_S, DTYPE)  # bf16 Pᵀ and its A-operand view
@@ -500,6 +496,10 @@ class FlashBwdSm90:
                 pds = (m_block - m_min) % PDS_STAGES
                 # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
                 pipe_q.consumer_wait(q_state)
+                # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
+                # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
+                for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
+                    lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -524,10 +524,13 @@ class FlashBwdSm90:
                     Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
                 )
                 for c in cutlass.range_constexpr(n_cols):
-                    lse_c = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
                 rP.store(acc_S.load().to(DTYPE))
+                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
@@ -537,12 +540,11 @@ class FlashBwdSm90:
                 warpgroup.wait_group(1)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
-                    dsum_c = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rdS.store(acc_dP.load().to(DTYPE))
-                # the next block's statistics: their loads return while this block's GEMMs run
                 if cutlass.const_expr(PDS_STAGES == 1):
                     # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
@@ -586,6 +588,10 @@ class FlashBwdSm90:
                 pds = (m_block - m_min) % PDS_STAGES
                 # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
                 pipe_q.consumer_wait(q_state)
+                # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
+                # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
+                for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
+                    lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -606,10 +612,13 @@ class FlashBwdSm90:
                 warpgroup.wait_group(1)
                 # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
                 for c in cutlass.range_constexpr(n_cols):
-                    lse_c = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
                 rP.store(acc_S.load().to(DTYPE))
+                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
@@ -619,12 +628,11 @@ class FlashBwdSm90:
                 warpgroup.wait_group(1)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
-                    dsum_c = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                    dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rdS.store(acc_dP.load().to(DTYPE))
-                # the next block's statistics: their loads return while this block's GEMMs run
                 if cutlass.const_expr(PDS_STAGES == 1):
                     # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
