@@ -743,3 +743,22 @@ def test_backward_dq_claim_choices(mask):
     d256 = bwd((256, None))
     assert d256.dq_atomic and not d256.dq_claim
     assert not bwd(pipe={"bwd_dq_atomic": True}).dq_claim
+
+
+@pytest.mark.parametrize("dims, mask, expect", [
+    ((64, None), {"kind": "causal"}, "measured 0.952-0.992x of the non-deterministic backward with a causal mask"),
+    ((128, None), {"kind": "none"}, "measured 0.965-0.997x of the non-deterministic backward without a mask"),
+    ((96, None), {"kind": "causal"}, "measured at d128 0.933-0.967x"),
+    ((192, 128), {"kind": "causal"}, "measured 0.848-0.962x"),
+    ((256, None), {"kind": "sliding_window", "left": 64, "right": 0},
+     "measured 0.912-1.001x of the non-deterministic backward with a causal mask (sliding_window not measured)"),
+])
+def test_deterministic_backward_states_its_measured_cost(dims, mask, expect):
+    """#4: "the plan states the cost" of determinism: the ratio measured for the spec's head-dim class and mask
+    (docs/PERF.md; the session is named), and no such note without determinism."""
+    def notes(det):
+        spec = spec_from_dict(_spec_dict(0, dims, "bf16", mask, {}, backward=True, deterministic=det))
+        return [n for n in plan_kernels(spec, "sm90")[-1].notes if n.startswith("deterministic")]
+    (note,) = notes(True)
+    assert expect in note and re.search(r"session \d+, docs/PERF\.md", note), note
+    assert notes(False) == []

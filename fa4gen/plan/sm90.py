@@ -281,6 +281,31 @@ def _dq_cols(d: int, tile_m: int) -> int:
     return d if tile_m == 128 else tile_m if tile_m % 64 else d // 2
 
 
+# deterministic / non-deterministic backward throughput on the H200 grid (MHA, bf16, 16k tokens per cell,
+# seqlen 512-16k, docs/PERF.md): (low, high, session) per head-dim class, with a causal mask and without one
+DET_COST = {
+    "d <= 64": ((0.952, 0.992, 36), (0.947, 1.002, 36)),
+    "d <= 128": ((0.933, 0.967, 36), (0.965, 0.997, 37)),
+    "(192, 128)": ((0.848, 0.962, 36), (0.880, 0.968, 37)),
+    "d > 128": ((0.912, 1.001, 28), (0.913, 0.964, 27)),
+}
+
+
+def _det_cost(spec: AttentionSpec) -> str:
+    """The deterministic backward's measured cost for the spec's head dims and mask, as a plan note."""
+    d, dv = spec.head_dim, spec.head_dim_v
+    cls = ("(192, 128)" if (d, dv) == (192, 128) else "d <= 64" if max(d, dv) <= 64
+           else "d <= 128" if max(d, dv) <= 128 else "d > 128")
+    masked = spec.mask.kind != "none"
+    lo, hi, session = DET_COST[cls][0 if masked else 1]
+    where = ("with a causal mask" + ("" if spec.mask.kind == "causal" else f" ({spec.mask.kind} not measured)")
+             if masked else "without a mask")
+    at = {"d <= 64": 64, "d <= 128": 128, "d > 128": 256}.get(cls)
+    measured = "measured" if at is None or (d, dv) == (at, at) else f"measured at d{at}"
+    return (f"{measured} {lo:.3f}-{hi:.3f}x of the non-deterministic backward {where} (H200 grid: MHA, bf16, "
+            f"seqlen 512-16k; session {session}, docs/PERF.md)")
+
+
 def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true."""
     if not spec.backward:
@@ -430,14 +455,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
             "semaphore per tile, key blocks last to first"
             + ("" if atomic else " (the first of them stores its dQ chunks, so the preprocess leaves the fp32 "
                "accumulator unzeroed and the postprocess gives the tiles no key block reaches dQ = 0)")
-            + "; cost: a CTA waits for the key blocks after it on every query block — measured "
-            + ("0.89-0.98x of the non-deterministic backward with a causal mask (H200, session 8, docs/PERF.md; "
-               "windowed and chunked masks not measured)" if spec.mask.kind != "none"
-               else "0.79-0.95x of the non-deterministic backward without a mask, lowest at short seqlens "
-                    "(H200, session 8, docs/PERF.md)")
+            + "; cost: a CTA waits for the key blocks after it on every query block — " + _det_cost(spec)
             + ("" if not atomic else
-               "; above d128, where both add dQ from registers (pipeline.bwd_dq_atomic; a turn warp waits for the "
-               "query block's turn and passes it after the adds), 0.79-0.88x (d256 and (192, 128), H200, session 10)"
+               "; above d128 both add dQ from registers (pipeline.bwd_dq_atomic; a turn warp waits for the query "
+               "block's turn and passes it after the adds)"
                if max(d, dv) > 128 else
                "; with dQ from registers forced at d128, 0.86-0.88x (H200, session 10; the hand-off's 0.90-0.95x "
                "in the same call is faster there)")
