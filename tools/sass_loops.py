@@ -78,7 +78,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:  # a fresh cache: every kernel compiled here
         for plan, report, sass in compile_for_sass(spec, plans, Path(tmp), "sassloops_gen"):
             print(f"{spec.name} {plan.arch} {plan.module}: {report.status} {report.detail}".rstrip()
-                  + (f", {report.meta['registers']} registers" if report.meta.get("registers") else ""))
+                  + (f", {report.meta['registers']} registers" if report.meta.get("registers") else "")
+                  + ("; GQA dK/dV accumulators (allow_gqa, the spec default: the benchmarks' MHA kernels have "
+                     "allow_gqa false)" if getattr(plan, "dkv_accum", False) else ""))
             if sass is None:
                 continue
             if args.dump is not None:
