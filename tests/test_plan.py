@@ -762,3 +762,15 @@ def test_deterministic_backward_states_its_measured_cost(dims, mask, expect):
     (note,) = notes(True)
     assert expect in note and re.search(r"session \d+, docs/PERF\.md", note), note
     assert notes(False) == []
+
+
+@pytest.mark.parametrize("allow_gqa", [True, False])
+def test_gqa_backward_says_mha_calls_take_the_workspace_path(allow_gqa):
+    """allow_gqa (the spec default) makes every call's dK/dV go through fp32 workspaces, MHA calls included:
+    the backward plan says so, and what false does instead; a spec without it has no such note."""
+    spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, backward=True,
+                                     allow_gqa=allow_gqa))
+    bwd = plan_kernels(spec, "sm90")[-1]
+    notes = [n for n in bwd.notes if n.startswith("GQA (allow_gqa)")]
+    assert bwd.dkv_accum is allow_gqa
+    assert (len(notes) == 1 and "allow_gqa: false" in notes[0]) if allow_gqa else notes == []

@@ -427,6 +427,11 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
            if atomic else "reduced into global memory by bulk reduce (cp.reduce.async.bulk), ")
         + "put in place by the postprocess",
     ]
+    if spec.allow_gqa:
+        notes.append("GQA (allow_gqa): each query head's dK/dV are added in fp32 into its K/V head's workspace "
+                     "(zeroed per call) and converted by the postprocess; calls with as many K/V heads as query "
+                     "heads take this path too, where allow_gqa: false stores dK/dV straight from the CTA (an "
+                     "MHA-only model wants false)")
     if spec.varlen:
         notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
                      "tensor, so no workspace is padded per sequence and keys past seqused_k get zero gradients")
