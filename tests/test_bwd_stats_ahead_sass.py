@@ -1,0 +1,53 @@
+"""The Sᵀ backward reads each query's LSE2 and D from shared memory ahead of the MMA waits that precede their use:
+compiled for sm_90a on the CPU, every per-block MMA loop of the d128 causal backward (64-row tiles) issues its
+LSE2 loads before the block's first HGMMA, and its D loads before the dV GEMM that follows the exp2 stream.
+Read after the waits (as before session 37), their shared-memory latency stalled the exp2 / dS arithmetic:
+short-scoreboard stalls 20.4% of the d128 causal s16k samples against flash-attn-4's 5.2%, 13.8% with the loads
+ahead, and the backward 1-2% faster (docs/PERF.md, session 37)."""
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+pytest.importorskip("cutlass")
+from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
+
+if find_nvdisasm() is None:
+    pytest.skip("nvdisasm not installed (needed for the SASS)", allow_module_level=True)
+
+# the benchmark's kernel (MHA: allow_gqa false, as tools/bench_fwd.py compiles it)
+SPEC = dict(name="stats_d128_causal", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"},
+            backward=True, allow_gqa=False)
+
+
+@pytest.fixture(scope="module")
+def bwd_sass(tmp_path_factory):
+    from fa4gen.builder import compile_for_sass, plan_spec
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict(SPEC)
+    plans, _ = plan_spec(spec, archs=["sm90"])
+    bwd = next(p for p in plans if p.direction == "bwd")
+    ((_, report, text),) = compile_for_sass(spec, [bwd], tmp_path_factory.mktemp("stats"), "stats_gen")
+    assert report.status == "compiled", report.detail
+    main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]
+    assert len(main) == 1
+    return bwd, main[0]
+
+
+def test_statistics_are_read_ahead_of_the_mma_waits(bwd_sass):
+    plan, sass = bwd_sass
+    assert plan.swap_sdp and plan.tile_m == 64  # 64-row tiles: LSE2_HELD 16
+    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
+    block_loops = [body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block]
+    assert len(block_loops) >= 2  # causal: the masked run and the mask-free one
+    for body in sorted(block_loops, key=len)[:2]:
+        mma = [i for i, line in enumerate(body) if "HGMMA" in line]
+        first_wait = next(i for i, line in enumerate(body) if "WARPGROUP.DEPBAR" in line)
+        # the dV GEMM: the first HGMMA after the wait for Sᵀ (its A operand, Pᵀ, comes from registers)
+        dv = next(i for i in mma if i > first_wait)
+        lds = [i for i, line in enumerate(body) if "LDS.64" in line]
+        # 16 LSE2 per thread = 8 LDS.64 (two adjacent queries per load); D: at least half of its 16 (reading
+        # fewer of them ahead is a register-pressure trade, docs/patches)
+        assert sum(i < mma[0] for i in lds) >= 8, "LSE2 is read after the Sᵀ GEMM is issued"
+        assert sum(first_wait < i < dv for i in lds) >= 4, "D is read after the dPᵀ wait"
