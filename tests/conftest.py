@@ -1,5 +1,5 @@
-"""Shared test helpers: the CLI in a subprocess, a tool script as a module, and a per-module on-disk
-kernel cache."""
+"""Shared test helpers: the CLI in a subprocess, a tool script as a module, a backward's SASS compiled on the
+CPU, and a per-module on-disk kernel cache."""
 
 import importlib.util
 import os
@@ -45,6 +45,21 @@ def trace_in_kernel(check, arch: str, threads: int = 32) -> None:
 
     with target_arch(arch):
         cute.compile(host)
+
+
+def backward_main_sass(spec_dict: dict, folder: Path, prefix: str):
+    """(plan, SASS of the main kernel) of the sm90 backward of `spec_dict`, compiled on the CPU into `folder`."""
+    from fa4gen.builder import compile_for_sass, plan_spec
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict(spec_dict)
+    plans, _ = plan_spec(spec, archs=["sm90"])
+    bwd = next(p for p in plans if p.direction == "bwd")
+    ((_, report, text),) = compile_for_sass(spec, [bwd], folder, prefix)
+    assert report.status == "compiled", report.detail
+    main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]
+    assert len(main) == 1
+    return bwd, main[0]
 
 
 @pytest.fixture(scope="module")

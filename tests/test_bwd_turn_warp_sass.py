@@ -10,6 +10,7 @@ import pytest
 pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
+from conftest import backward_main_sass  # noqa: E402
 from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
 
 if find_nvdisasm() is None:
@@ -21,17 +22,7 @@ SPEC = dict(name="tw_d256_causal_det", targets=["sm90"], dtype="bf16", head_dim=
 
 @pytest.fixture(scope="module")
 def bwd_sass(tmp_path_factory):
-    from fa4gen.builder import compile_for_sass, plan_spec
-    from fa4gen.spec import spec_from_dict
-
-    spec = spec_from_dict(SPEC)
-    plans, _ = plan_spec(spec, archs=["sm90"])
-    bwd = next(p for p in plans if p.direction == "bwd")
-    ((_, report, text),) = compile_for_sass(spec, [bwd], tmp_path_factory.mktemp("turn_warp"), "tw_gen")
-    assert report.status == "compiled", report.detail
-    main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]
-    assert len(main) == 1
-    return bwd, main[0]
+    return backward_main_sass(SPEC, tmp_path_factory.mktemp("turn_warp"), "tw_gen")
 
 
 def test_consumer_loops_neither_poll_nor_fence(bwd_sass):
