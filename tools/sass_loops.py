@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             print(f"{spec.name} {plan.arch} {plan.module}: {report.status} {report.detail}".rstrip()
                   + (f", {report.meta['registers']} registers" if report.meta.get("registers") else "")
                   + ("; GQA dK/dV accumulators (allow_gqa, the spec default: the benchmarks' MHA kernels have "
-                     "allow_gqa false)" if getattr(plan, "dkv_accum", False) else ""))
+                     "allow_gqa false)" if plan.dkv_accum else ""))
             if sass is None:
                 continue
             if args.dump is not None:

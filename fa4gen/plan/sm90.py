@@ -282,12 +282,13 @@ def _dq_cols(d: int, tile_m: int) -> int:
 
 
 # deterministic / non-deterministic backward throughput on the H200 grid (MHA, bf16, 16k tokens per cell,
-# seqlen 512-16k, docs/PERF.md): (low, high, session) per head-dim class, with a causal mask and without one
+# seqlen 512-16k, docs/PERF.md), per head-dim class: the head dims measured, then (low, high, session) with a
+# causal mask and without one
 DET_COST = {
-    "d <= 64": ((0.952, 0.992, 36), (0.947, 1.002, 36)),
-    "d <= 128": ((0.933, 0.967, 36), (0.965, 0.997, 37)),
-    "(192, 128)": ((0.848, 0.962, 36), (0.880, 0.968, 37)),
-    "d > 128": ((0.912, 1.001, 28), (0.913, 0.964, 27)),
+    "d <= 64": ((64, 64), (0.952, 0.992, 36), (0.947, 1.002, 36)),
+    "d <= 128": ((128, 128), (0.933, 0.967, 36), (0.965, 0.997, 37)),
+    "(192, 128)": ((192, 128), (0.848, 0.962, 36), (0.880, 0.968, 37)),
+    "d > 128": ((256, 256), (0.912, 1.001, 28), (0.913, 0.964, 27)),
 }
 
 
@@ -296,12 +297,12 @@ def _det_cost(spec: AttentionSpec) -> str:
     d, dv = spec.head_dim, spec.head_dim_v
     cls = ("(192, 128)" if (d, dv) == (192, 128) else "d <= 64" if max(d, dv) <= 64
            else "d <= 128" if max(d, dv) <= 128 else "d > 128")
+    dims, causal, none = DET_COST[cls]
     masked = spec.mask.kind != "none"
-    lo, hi, session = DET_COST[cls][0 if masked else 1]
+    lo, hi, session = causal if masked else none
     where = ("with a causal mask" + ("" if spec.mask.kind == "causal" else f" ({spec.mask.kind} not measured)")
              if masked else "without a mask")
-    at = {"d <= 64": 64, "d <= 128": 128, "d > 128": 256}.get(cls)
-    measured = "measured" if at is None or (d, dv) == (at, at) else f"measured at d{at}"
+    measured = "measured" if (d, dv) == dims else f"measured at d{dims[0]}"
     return (f"{measured} {lo:.3f}-{hi:.3f}x of the non-deterministic backward {where} (H200 grid: MHA, bf16, "
             f"seqlen 512-16k; session {session}, docs/PERF.md)")
 
