@@ -14,7 +14,10 @@
 #                --skip cudnn,sdpa_flash (the comparison reads fa4gen and flash-attn-4 only; AB_ALL=1 times all)
 #                and, before the rounds, both sides' fa4gen kernels are compiled in parallel processes
 #                (bench_fwd.py --prebuild N --prebuild-only, half the cores per side; AB_NO_PREBUILD=1 skips it)
-#                and flash-attn-4 keeps its compiled kernels on disk between the runs (AB_FA4_CACHE=0: it does not)
+#                and flash-attn-4 keeps its compiled kernels on disk between the runs (AB_FA4_CACHE=0: it does not);
+#                AB_NEW_ARGS="..." adds arguments to the new side's runs only, so with .ab prepared from HEAD one
+#                tree compares two settings (e.g. AB_NEW_ARGS=--bwd-allow-gqa: the spec default's GQA backward
+#                against the MHA one on MHA calls)
 #
 # .ab/ holds only what an SM90 benchmark imports (no SM100 templates, no golden package): the carry limit
 # is 64 MiB for .device (~61 MiB with anchors) + .ab + every tracked file, so it is tight.
@@ -59,8 +62,10 @@ case "${1:-}" in
       for side in new ref; do
         pp=$PYTHONPATH
         [[ $side == ref ]] && pp="$root/.ab/ref:$PYTHONPATH"
+        side_args=()
+        [[ $side == new && -n "${AB_NEW_ARGS:-}" ]] && read -r -a side_args <<< "$AB_NEW_ARGS"
         (cd "$root/tools" && PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 bench_fwd.py "$@" \
-          --prebuild "$workers" --prebuild-only > "$out/prebuild_$side.log" 2>&1 || echo "  prebuild $side: exit $? (see $out/prebuild_$side.log)") &
+          ${side_args[@]+"${side_args[@]}"} --prebuild "$workers" --prebuild-only > "$out/prebuild_$side.log" 2>&1 || echo "  prebuild $side: exit $? (see $out/prebuild_$side.log)") &
       done
       wait
       echo "prebuild: $(tail -n 1 "$out/prebuild_new.log") (new), $(tail -n 1 "$out/prebuild_ref.log") (ref)"
@@ -74,8 +79,11 @@ case "${1:-}" in
         [[ $side == ref ]] && pp="$root/.ab/ref:$PYTHONPATH"
         # the script's own folder (tools/) comes first on sys.path, then PYTHONPATH: check which fa4gen loads
         used=$(cd "$root/tools" && PYTHONPATH=$pp python3 -c "import fa4gen.render as r; print(r.TEMPLATES_DIR)")
-        echo "round $round $side: templates from $used"
+        side_args=()
+        [[ $side == new && -n "${AB_NEW_ARGS:-}" ]] && read -r -a side_args <<< "$AB_NEW_ARGS"
+        echo "round $round $side: templates from $used${side_args[*]:+, with ${side_args[*]}}"
         PYTHONPATH=$pp FA4GEN_CACHE_DIR=/tmp/fa4gen_ab_$side python3 "$root/tools/$script" "$@" ${extra[@]+"${extra[@]}"} \
+          ${side_args[@]+"${side_args[@]}"} \
           --out "$out/${side}_$round" > "$out/${side}_$round.log" 2>&1 || echo "  exit $? (see $out/${side}_$round.log)" &
         # the bench runs in the background so the tarball also follows its cells while it runs
         bench=$! ticks=0

@@ -214,7 +214,8 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
     """The fa4gen spec dicts of one grid row: the forward, the backward (--bwd) and the deterministic
     backward (--deterministic), None where the run has none."""
     def bwd(deterministic: bool) -> dict:
-        return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap, args.gqa > 1)
+        return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap,
+                         args.gqa > 1 or args.bwd_allow_gqa)
 
     fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse)
     return fwd, bwd(False) if args.bwd else None, bwd(True) if args.bwd and args.deterministic else None
@@ -265,6 +266,9 @@ def main():
     ap.add_argument("--gqa", type=int, default=1, metavar="G",
                     help="query heads per key/value head (default 1: the grid is MHA; G > 1 gives k and v "
                          "heads / G heads and fa4gen's backward allow_gqa: true)")
+    ap.add_argument("--bwd-allow-gqa", action="store_true",
+                    help="with --bwd: fa4gen's backwards compiled with allow_gqa: true (the spec default) even for the "
+                         "MHA grid, so they take the GQA dK/dV path (fp32 workspaces + postprocess) MHA calls take there")
     ap.add_argument("--prebuild", type=int, default=0, metavar="N",
                     help="first compile every fa4gen kernel of the run in N processes (tools/prebuild.py; no GPU "
                          "needed), so each first call loads from the disk cache: the first_call_s columns then time "
