@@ -54,7 +54,7 @@ def backward_main_sass(spec_dict: dict, folder: Path, prefix: str):
 
     spec = spec_from_dict(spec_dict)
     plans, _ = plan_spec(spec, archs=["sm90"])
-    bwd = next(p for p in plans if p.direction == "bwd")
+    bwd = next(p for p in plans if p.direction == "bwd" and not p.mha_only)  # (allow_gqa: the GQA kernel)
     ((_, report, text),) = compile_for_sass(spec, [bwd], folder, prefix)
     assert report.status == "compiled", report.detail
     main = [part for part in text.split(".section\t.text.")[1:] if "FlashBwd" in part.split("\n", 1)[0]]

@@ -139,14 +139,37 @@ def test_forward_kernel_is_picked_by_seqlen_q():
     with op.pinned("fwd_sm90_long"):
         assert pick(1) == "fwd_sm90_long"
     assert pick(1) == "fwd_sm90"
-    with pytest.raises(ValueError, match="no forward kernel 'bwd_sm90'"):
-        with op.pinned("bwd_sm90"):
+    with pytest.raises(ValueError, match="no kernel 'fwd_sm100'"):
+        with op.pinned("fwd_sm100"):
             pass
     # one forward: every seqlen runs it
     single = _package("gemma2_9b")._forward  # d256: no room for the persistent forward's O buffer
     assert single.forward_plan("sm90", 10**6)["module"] == "fwd_sm90"
     # llama32_1b's 128-row forward is persistent (one CTA per SM), its 192-row one CTA per tile
     assert [p["scheduler"] for p in (op.plans["sm90"], op.forward_plan("sm90", LONG_SEQLEN_Q))] == ["persistent", "grid_lpt"]
+
+
+def test_backward_kernel_is_picked_by_head_counts():
+    """llama3_8b (allow_gqa) holds two backwards: MHA calls run bwd_sm90_mha (dK/dV stored from the CTA),
+    GQA / MQA calls bwd_sm90 (dK/dV summed in fp32 workspaces); `pinned` forces one, and refuses to run the MHA
+    kernel on a GQA call. vit_encoder (allow_gqa: false) has only its one backward."""
+    op = _package("llama3_8b")._forward
+    pick = lambda h, h_kv: op.backward_plan("sm90", h, h_kv)["module"]  # noqa: E731
+    assert [pick(32, 32), pick(32, 8), pick(32, 1), pick(1, 1)] == ["bwd_sm90_mha", "bwd_sm90", "bwd_sm90",
+                                                                   "bwd_sm90_mha"]
+    mha = op.backward_plan("sm90", 8, 8)
+    assert mha["mha_only"] and not mha["dkv_accum"] and op.backward_plan("sm90", 8, 2)["dkv_accum"]
+    with op.pinned("bwd_sm90"):
+        # (a pinned backward leaves the forwards to their own rule)
+        assert pick(8, 8) == "bwd_sm90" and op.forward_plan("sm90", 1)["module"] == "fwd_sm90"
+    with op.pinned("bwd_sm90_mha"):
+        assert pick(8, 8) == "bwd_sm90_mha"
+        with pytest.raises(ValueError, match="bwd_sm90_mha is pinned, but it runs only calls with as many k/v heads"):
+            pick(8, 2)
+    assert pick(8, 8) == "bwd_sm90_mha" and op.backward_plan("sm90", 8, 8) is mha
+    single = _package("vit_encoder")._forward
+    assert [single.backward_plan("sm90", 4, h_kv)["module"] for h_kv in (4, 2)] == ["bwd_sm90"] * 2
+    assert single.backward_plan("sm100", 4, 4) is None
 
 
 def test_persistent_forward_gets_the_gpus_sm_count():

@@ -10,6 +10,7 @@ the reference computed directly, bit for bit.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import sys
@@ -193,8 +194,19 @@ class FakeKernels:
         monkeypatch.setattr(self.op, "_check_devices", lambda device, named: None)
         monkeypatch.setattr(self.op, "arch_for", lambda device: "sm90")
         monkeypatch.setattr(self.op, "_launch", lambda fn, device, args: fn(*args))
-        monkeypatch.setattr(self.op, "function", lambda plan: self.backward if plan["direction"] == "bwd" else self.forward)
+        monkeypatch.setattr(self.op, "function",
+                            lambda plan: functools.partial(self.backward_of, plan) if plan["direction"] == "bwd"
+                            else self.forward)
         return self
+
+    def backward_of(self, plan, *a):
+        """The backward of the launched plan (a package with allow_gqa holds two: bwd_sm90_mha for MHA calls)."""
+        self.plan = plan
+        try:
+            self.backward(*a)
+        finally:
+            self.plan = self.op.bwd_plans.get("sm90", self.fwd_plan)
+        self.calls[-1]["module"] = plan["module"]
 
     def _semantics(self, args: list, *, backward: bool) -> dict:
         plan, args = self.plan, list(args)
@@ -357,6 +369,25 @@ def test_chunked_spec_reuses_the_call_chunk_size(build_pkg, monkeypatch):
     out.backward(dout)
     assert fake.calls[0]["sem"]["chunk"] == 3
     _assert_grads((q, k, v), _ref_grads(q, k, v, dout, chunk=3))
+
+
+def test_allow_gqa_runs_mha_calls_on_the_mha_backward(build_pkg, monkeypatch):
+    """A spec with allow_gqa (the default) holds two backwards: an MHA call launches bwd_sm90_mha with the
+    allow_gqa: false calling convention (no fp32 dK/dV workspaces, its own tile's statistics), a GQA call
+    bwd_sm90 with the workspaces; both give the reference gradients."""
+    pkg = build_pkg(**SPECS["causal"])
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    modules = []
+    for h_kv, seed in ((4, 11), (2, 12), (1, 13)):
+        q, k, v = _inputs(pkg, h=4, h_kv=h_kv, seed=seed)
+        out = pkg.attention(q, k, v)
+        dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out.dtype)
+        out.backward(dout)
+        modules.append(fake.calls[-1]["module"])
+        _assert_grads((q, k, v), _ref_grads(q, k, v, dout, causal=True), f"h_kv={h_kv}")
+    assert modules == ["bwd_sm90_mha", "bwd_sm90", "bwd_sm90"]
+    mha, gqa = (pkg._forward.backward_plan("sm90", 4, n) for n in (4, 2))
+    assert (mha["dkv_accum"], gqa["dkv_accum"]) == (False, True)
 
 
 def test_only_inputs_that_require_grad_get_one(build_pkg, monkeypatch):

@@ -44,17 +44,18 @@ def _no_traceback(result: subprocess.CompletedProcess) -> None:
 
 
 def test_plan_prints_the_plan(work: Path):
-    """A spec with backward: true and one forward (gemma2_9b: d256, one CTA per tile) has two sm90 plans: the
-    forward, then the backward, a blank line apart."""
+    """A spec with backward: true, allow_gqa and one forward (gemma2_9b: d256, one CTA per tile) has three sm90
+    plans: the forward, the backward of MHA calls, then the (GQA) backward, a blank line apart."""
     result = fa4gen_cli("plan", "specs/gemma2_9b.yaml", "--arch", "sm90", cwd=work)
     assert result.returncode == 0, result.stderr
-    fwd, bwd = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
-    assert (fwd.direction, bwd.direction) == ("fwd", "bwd")
-    assert result.stdout == fwd.describe() + "\n\n" + bwd.describe() + "\n"
-    fwd_text, bwd_text = result.stdout.split("\n\n")
+    fwd, mha, bwd = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
+    assert (fwd.direction, mha.direction, bwd.direction) == ("fwd", "bwd", "bwd")
+    assert result.stdout == "\n\n".join(p.describe() for p in (fwd, mha, bwd)) + "\n"
+    fwd_text, mha_text, bwd_text = result.stdout.split("\n\n")
     assert fwd_text.startswith("plan gemma2_9b [sm90 fwd] -> module fwd_sm90\n")
+    assert mha_text.startswith("plan gemma2_9b [sm90 bwd] -> module bwd_sm90_mha\n")
     assert bwd_text.startswith("plan gemma2_9b [sm90 bwd] -> module bwd_sm90\n")
-    for plan, text in ((fwd, fwd_text), (bwd, bwd_text)):
+    for plan, text in ((fwd, fwd_text), (mha, mha_text), (bwd, bwd_text)):
         lines = [line.split() for line in text.splitlines()]
         assert ["tile_m", str(plan.tile_m)] in lines and ["tile_n", str(plan.tile_n)] in lines
         smem = plan.budgets[0]
@@ -79,7 +80,7 @@ def test_plan_json(work: Path):
     plans = plan_kernels(load_spec(work / "specs" / "gemma2_9b.yaml"), "sm90")
     printed = json.loads(result.stdout)
     assert printed == [json.loads(plan.to_json()) for plan in plans]
-    assert [p["direction"] for p in printed] == ["fwd", "bwd"]
+    assert [p["direction"] for p in printed] == ["fwd", "bwd", "bwd"]  # (allow_gqa: the MHA calls' backward too)
     assert printed == json.loads((ROOT / "generated" / "gemma2_9b" / "spec.lock.json").read_text())["plans"]
 
 
@@ -182,10 +183,11 @@ def test_build_good_and_bad(work: Path):
     pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
     written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
     assert written == pkg.files  # (test_render checks these against the committed generated/)
-    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "fwd_sm90.py", "fwd_sm90_long.py", "spec.lock.json"]
+    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "bwd_sm90_mha.py", "fwd_sm90.py", "fwd_sm90_long.py",
+                               "spec.lock.json"]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("llama3_8b ")]
-    assert [row[2] for row in rows] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90"]  # one row per kernel
-    assert all(" ".join(row[3:6]) == "wrote 5 file(s)" for row in rows)
+    assert [row[2] for row in rows] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90_mha", "bwd_sm90"]  # one row per kernel
+    assert all(" ".join(row[3:6]) == "wrote 6 file(s)" for row in rows)
     # each kernel's row shows its own plan's shared memory
     plans = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
     assert [row[-4] for row in rows] == [f"{p.budgets[0].used // 1024}K" for p in plans]

@@ -64,7 +64,10 @@ def test_every_spec_has_an_sm90_kernel(compiled):
         # a second forward for long calls (min_seqlen_q > 0): the 192-row one of a masked d64 spec (llama32_1b),
         # the one-CTA-per-tile twin of a persistent forward (vit_encoder, llama3_8b, ...)
         long = [("sm90", "fwd")] if any(p.min_seqlen_q for p in plans) else []
-        assert [(p.arch, p.direction) for p in plans] == [("sm90", "fwd")] + long + ([("sm90", "bwd")] if spec.backward else [])
+        # with allow_gqa a backward's MHA-call twin (bwd_sm90_mha) comes before it
+        bwd = [("sm90", "bwd")] * (spec.backward + (spec.backward and spec.allow_gqa))
+        assert [(p.arch, p.direction) for p in plans] == [("sm90", "fwd")] + long + bwd
+        assert [p.module for p in plans if p.mha_only] == (["bwd_sm90_mha"] if spec.backward and spec.allow_gqa else [])
         assert bool(long) == (name == "llama32_1b" or plans[0].scheduler == "persistent")
         assert [r.arch for r in reports] == [p.arch for p in plans]
 

@@ -139,7 +139,7 @@ def test_gpu_runs_the_kernel_and_other_targets_compile(fast_checks, monkeypatch)
     """With a Hopper GPU the sm90 forward and backward run; other targets' kernels compile (and a
     forward is emulated)."""
     variant = load_variant(GENERATED / "llama3_8b")
-    fwd, _twin, bwd = variant.plans  # (the persistent forward, its long-call twin, the backward)
+    fwd, _twin, _mha, bwd = variant.plans  # (the persistent forward, its long-call twin, MHA calls' backward, the backward)
     assert (fwd["direction"], bwd["direction"]) == ("fwd", "bwd")
     fakes = [dict(p, arch="sm100", cute_arch="sm_100a") for p in (fwd, bwd)]
     variant.lock = {**variant.lock, "plans": [fwd, bwd, *fakes]}
@@ -178,8 +178,8 @@ def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch)
     assert result.exit_code == 1
     # failed: the emulator row of each forward (two per variant: persistent + its long-call twin)
     assert result.stdout.count(" FAIL ") == 4
-    # passed: every kernel's compile + SASS (2 fwd + bwd per variant)
-    assert "6 passed, 4 failed, 0 skipped" in result.stdout
+    # passed: every kernel's compile + SASS (2 fwd + bwd per variant, + llama3_8b's backward for MHA calls)
+    assert "7 passed, 4 failed, 0 skipped" in result.stdout
 
 
 def test_a_crashing_check_is_a_failed_row_not_a_crash(fast_checks, monkeypatch):
@@ -277,9 +277,9 @@ def _stand_in(plan, *, causal=None, nan_dk=False, noisy=False):
     return SimpleNamespace(attention=attention)
 
 
-def _backward_rows(name, **broken):
+def _backward_rows(name, mha=False, **broken):
     variant = load_variant(GENERATED / name)
-    (plan,) = [p for p in variant.plans if p["direction"] == "bwd"]
+    (plan,) = [p for p in variant.plans if p["direction"] == "bwd" and p.get("mha_only", False) == mha]
     variant._module = _stand_in(plan, **broken)
     return backward_numerics(variant, plan, device="cpu", repeat_shape=(1, 70, 90, 2, 1))
 
@@ -293,6 +293,26 @@ def test_backward_numerics_pass_a_correct_backward():
     assert (grads.check, grads.status) == ("bwd grads vs reference", "pass"), grads.detail
     assert (repeat.check, repeat.status) == ("bwd bitwise repeat", "pass"), repeat.detail
     assert repeat.detail == f"10 runs bitwise identical (dq, dk, dv) at shape={(1, 70, 90, 2, 2)}"
+
+
+def test_backward_numerics_of_the_mha_backward_run_mha_cases():
+    """llama3_8b (allow_gqa) also holds the backward its MHA calls run: its row is named apart, and its cases
+    keep as many K/V heads as query heads (that kernel runs no other call)."""
+    seen = []
+    variant = load_variant(GENERATED / "llama3_8b")
+    (plan,) = [p for p in variant.plans if p.get("mha_only")]
+    stand_in = _stand_in(plan)
+    real = stand_in.attention
+
+    def attention(q, k, v, **kw):
+        seen.append((q.shape[-2], k.shape[-2]))
+        return real(q, k, v, **kw)
+
+    stand_in.attention = attention
+    variant._module = stand_in
+    (grads,) = backward_numerics(variant, plan, device="cpu")
+    assert (grads.check, grads.status) == ("bwd mha grads vs reference", "pass"), grads.detail
+    assert len(seen) == 4 and all(h == h_kv for h, h_kv in seen)
 
 
 def test_backward_numerics_catch_wrong_gradients():

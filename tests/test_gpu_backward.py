@@ -201,6 +201,10 @@ def test_backward_matches_reference(name):
             err = (g.float() - r).abs().max().item()
             budget = _budget(lo, r, sem["softcap"])
             assert err <= budget, f"{where}: {g_name} max error {err:.3g} > budget {budget:.3g}"
+    # allow_gqa (the spec default) holds two backwards, each compiled on its first call: the MHA shapes ran
+    # bwd_sm90_mha (dK/dV stored from the CTA), the GQA / MQA ones bwd_sm90 (fp32 dK/dV workspaces)
+    used = {module for _, module in pkg._forward._functions if module.startswith("bwd")}
+    assert used == ({"bwd_sm90", "bwd_sm90_mha"} if spec.get("allow_gqa", True) else {"bwd_sm90"}), used
 
 
 def test_stride_zero_output_gradient_and_partial_requires_grad():

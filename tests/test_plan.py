@@ -93,10 +93,11 @@ def _plan(d: dict) -> KernelPlan:
 
 def _fwd_plans(spec) -> list[KernelPlan]:
     """The forward plans: the default one, then any picked per call from some seqlen_q on (a spec with
-    backward: true also gets a bwd plan, checked further below)."""
+    backward: true also gets a bwd plan, checked further below, and with allow_gqa its MHA twin before it)."""
     plans = plan_kernels(spec, "sm90")
     fwd = [p for p in plans if p.direction == "fwd"]
-    assert [p.direction for p in plans] == ["fwd"] * len(fwd) + (["bwd"] if spec.backward else [])
+    bwd = ["bwd"] * (spec.backward + (spec.backward and spec.allow_gqa))
+    assert [p.direction for p in plans] == ["fwd"] * len(fwd) + bwd
     assert [p.min_seqlen_q > 0 for p in fwd] == [False] + [True] * (len(fwd) - 1)
     return fwd
 
@@ -423,8 +424,9 @@ def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
 def test_varlen_plans_on_sm90_and_sm100_and_refuses_two_cta_by_name():
     spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, varlen=True, backward=True,
                                      deterministic=True))
-    fwd, bwd = plan_kernels(spec, "sm90")
+    fwd, mha, bwd = plan_kernels(spec, "sm90")  # (allow_gqa, the default: the MHA calls' backward too)
     assert fwd.varlen and bwd.varlen and bwd.deterministic
+    assert mha.mha_only and mha.varlen and mha.deterministic
     (b_fwd,) = plan_kernels(spec_from_dict({**_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, varlen=True),
                                             "targets": ["sm100"]}), "sm100")
     assert b_fwd.varlen
@@ -530,8 +532,11 @@ def test_backward_plan_fits_the_budgets(dims, deterministic):
     """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
     estimate stays within setmaxnreg; Sᵀ (P in registers) by default for d <= 128."""
     spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
-    *_, fwd, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
+    *_, fwd, mha, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
     assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
+    assert (mha.direction, mha.module, mha.mha_only) == ("bwd", "bwd_sm90_mha", True)  # allow_gqa's MHA twin
+    for budget in mha.budgets:
+        assert budget.used <= budget.limit, budget.line()
     assert fwd.write_lse  # the backward needs the forward's LSE
     assert bwd.deterministic == deterministic
     assert bwd.tile_n == (128 if max(spec.head_dim, spec.head_dim_v) <= 128 else 64)
@@ -765,12 +770,24 @@ def test_deterministic_backward_states_its_measured_cost(dims, mask, expect):
 
 
 @pytest.mark.parametrize("allow_gqa", [True, False])
-def test_gqa_backward_says_mha_calls_take_the_workspace_path(allow_gqa):
-    """allow_gqa (the spec default) makes every call's dK/dV go through fp32 workspaces, MHA calls included:
-    the backward plan says so, and what false does instead; a spec without it has no such note."""
+def test_gqa_backward_has_an_mha_twin_for_mha_calls(allow_gqa):
+    """allow_gqa (the spec default) sends dK/dV through fp32 workspaces: the spec then gets a second backward,
+    bwd_sm90_mha (the allow_gqa: false kernel, planned before it), which the API runs for MHA calls; both plans
+    say which calls they take. A spec without allow_gqa has one backward and no such note."""
     spec = spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, backward=True,
                                      allow_gqa=allow_gqa))
-    bwd = plan_kernels(spec, "sm90")[-1]
+    bwd_plans = [p for p in plan_kernels(spec, "sm90") if p.direction == "bwd"]
+    bwd = bwd_plans[-1]
     notes = [n for n in bwd.notes if n.startswith("GQA (allow_gqa)")]
-    assert bwd.dkv_accum is allow_gqa
-    assert (len(notes) == 1 and "allow_gqa: false" in notes[0]) if allow_gqa else notes == []
+    assert (bwd.module, bwd.dkv_accum, bwd.mha_only) == ("bwd_sm90", allow_gqa, False)
+    if not allow_gqa:
+        assert len(bwd_plans) == 1 and notes == []
+        return
+    assert len(notes) == 1 and "bwd_sm90_mha" in notes[0]
+    mha = bwd_plans[0]
+    alone = plan_kernels(spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, backward=True,
+                                                   allow_gqa=False)), "sm90")[-1]
+    assert (mha.module, mha.mha_only, mha.dkv_accum, mha.allow_gqa) == ("bwd_sm90_mha", True, False, False)
+    # the allow_gqa: false spec's kernel, plan for plan, but for its module name, dispatch flag and note
+    assert dataclasses.replace(mha, module=alone.module, mha_only=False, notes=alone.notes) == alone
+    assert mha.notes[-1].startswith("dispatch: the API runs this kernel for calls with as many K/V heads")

@@ -72,7 +72,7 @@ def bench(root: Path, names, seqlens=(2048, 16384)) -> list[dict]:
         pkg = build_module(spec_dict(name), out_dir=root)
         pkg_dir = Path(pkg.__file__).parent
         lock = json.loads((pkg_dir / "spec.lock.json").read_text())
-        plan = next(x for x in lock["plans"] if x["direction"] == "bwd")
+        plan = next(x for x in lock["plans"] if x["direction"] == "bwd" and not x.get("mha_only"))
         fn = compile_generated(pkg_dir / "bwd_sm90.py", f"{pkg.__name__}.bwd_sm90", plan, cache=DiskCache()).function
         d, causal = plan["head_dim"], plan["causal"]
         for s in seqlens:
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         pkg = build_module(spec_dict(name), out_dir=root)
         pkg_dir = Path(pkg.__file__).parent
         lock = json.loads((pkg_dir / "spec.lock.json").read_text())
-        plan = next(x for x in lock["plans"] if x["direction"] == "bwd")
+        plan = next(x for x in lock["plans"] if x["direction"] == "bwd" and not x.get("mha_only"))
         fwd_plan = next(x for x in lock["plans"] if x["direction"] == "fwd")
         t0 = time.time()
         try:

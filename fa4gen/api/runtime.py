@@ -324,7 +324,13 @@ class ForwardOp:
         # ~4 us of host time on the H200 (session 28). A view of a buffer since replaced still reads zeros
         # (retired buffers are kept and never written)
         self._dlse_views: dict[tuple, torch.Tensor] = {}
-        self.bwd_plans = {p["arch"]: p for p in lock["plans"] if p["direction"] == "bwd"}
+        bwd = [p for p in lock["plans"] if p["direction"] == "bwd"]
+        self.bwd_plans = {p["arch"]: p for p in bwd if not p.get("mha_only")}
+        # per arch, the backward that MHA calls run when the spec allows GQA (plan mha_only: dK/dV stored from the
+        # CTA instead of summed in fp32 workspaces; lock files written before session 38 have none)
+        self.bwd_mha_plans = {p["arch"]: p for p in bwd if p.get("mha_only")}
+        self._bwd_modules = {p["module"]: p for p in bwd}
+        self._pinned_bwd: str | None = None
         self.unavailable = lock.get("unavailable_targets", {})
         self._functions: dict[tuple[str, str], Any] = {}
         self._arch_by_device: dict[int | None, str] = {}
@@ -381,17 +387,37 @@ class ForwardOp:
             count = self._sm_count_by_device[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
         return count
 
+    def backward_plan(self, arch: str, heads: int, kv_heads: int) -> dict | None:
+        """The backward plan that runs a call with these head counts: the MHA kernel (plan mha_only) when the
+        package has one and the call has as many K/V heads as query heads, else the arch's backward (None: the
+        package has none for `arch`); `pinned` overrides."""
+        if self._pinned_bwd is not None:
+            plan = self._bwd_modules[self._pinned_bwd]
+            if plan.get("mha_only") and heads != kv_heads:
+                _fail(f"{self.name}: kernel {plan['module']} is pinned, but it runs only calls with as many k/v "
+                      f"heads as q heads, got {kv_heads} and {heads}")
+            return plan
+        mha = self.bwd_mha_plans.get(arch)
+        if mha is not None and heads == kv_heads:
+            return mha
+        return self.bwd_plans.get(arch)
+
     @contextlib.contextmanager
     def pinned(self, module: str):
-        """Within the block, every forward call runs kernel `module` whatever its seqlen_q (golden checks
-        run each kernel of a package on the same small cases)."""
-        if module not in self._fwd_modules:
-            raise ValueError(f"{self.name}: no forward kernel {module!r}")
-        self._pinned = module
+        """Within the block, every forward call runs kernel `module` whatever its seqlen_q, or, for a backward
+        kernel, every backward runs it whatever the call's head counts (golden checks run each kernel of a
+        package on the same small cases)."""
+        if module in self._fwd_modules:
+            self._pinned = module
+        elif module in self._bwd_modules:
+            self._pinned_bwd = module
+        else:
+            raise ValueError(f"{self.name}: no kernel {module!r} (this package has "
+                             f"{', '.join(sorted([*self._fwd_modules, *self._bwd_modules]))})")
         try:
             yield
         finally:
-            self._pinned = None
+            self._pinned = self._pinned_bwd = None
 
     def function(self, plan: dict):
         """The compiled kernel of `plan` (compiled, or loaded from the disk cache, on first use); a
@@ -408,7 +434,8 @@ class ForwardOp:
                     self.dir / f"{plan['module']}.py", f"{self.package}.{plan['module']}", plan, cache=DiskCache()
                 )
                 took = time.perf_counter() - start
-                what = self.name if plan["direction"] == "fwd" else f"{self.name} backward"
+                what = (self.name if plan["direction"] == "fwd"
+                        else f"{self.name} backward{' (MHA calls)' if plan.get('mha_only') else ''}")
                 if result.cache_hit:
                     log.info("loaded %s for %s from the disk cache (%.0f ms)", what, plan["cute_arch"], took * 1e3)
                 else:
@@ -437,7 +464,7 @@ class ForwardOp:
         from fa4gen.builder import CompileJob, compile_jobs
 
         plans = [self.plans[arch], *self.long_plans.get(arch, ())]
-        plans += [self.bwd_plans[arch]] if arch in self.bwd_plans else []
+        plans += [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans) if arch in p]
         reports = compile_jobs([CompileJob(self.dir, self.package, plan, self.name) for plan in plans],
                                keep_sass=False, workers=jobs, log=log.info)
         failed = [f"{r.module}: {r.detail}" for r in reports if r.status == "failed"]
@@ -732,7 +759,7 @@ class ForwardOp:
             (b, s_q, h, _), (s_k, h_kv) = q.shape, k.shape[1:3]
             lse_shape, seqlens = (b, h, s_q), (s_q, s_k)
         arch = self.arch_for(q.device)
-        plan = self.bwd_plans.get(arch)
+        plan = self.backward_plan(arch, h, h_kv)
         if plan is None:
             _fail(
                 f"{self.name}: no backward kernel for {arch} (this package has backward kernels for "
@@ -798,7 +825,7 @@ class ForwardOp:
         if packed is not None:
             tensors += list(packed.backward_tensors())
             args.append(int(packed.seqused_k is not None))
-        self._launch(self.function(self.bwd_plans[arch]), q.device, tensors + args)
+        self._launch(self.function(plan), q.device, tensors + args)
         return grads
 
     @staticmethod

@@ -23,7 +23,7 @@ import time
 import torch
 
 from fa4gen.golden import packed, tolerance
-from fa4gen.golden.checks import CheckResult, Worst, case_seed, cases, check_name
+from fa4gen.golden.checks import CheckResult, Worst, case_seed, cases, check_name, kernel_of
 from fa4gen.golden.variants import Variant
 from fa4gen.reference import attention_ref_grads, mask_semantics
 
@@ -56,7 +56,8 @@ def backward_numerics(
         dout, dlse = _output_grads(out, lse, seed=seed, with_dlse=i % 2 == 1)
         _poison_allocator(q, k, v)
         outputs, grads = ([out, lse], [dout, dlse]) if dlse is not None else ([out], [dout])
-        torch.autograd.backward(outputs, grads)
+        with kernel_of(pkg, plan):  # this plan's kernel, also where the API would pick the package's other backward
+            torch.autograd.backward(outputs, grads)
         _synchronize(device)
         sem = mask_semantics(plan, window=case.window, chunk_size=case.chunk_size)
         exact = attention_ref_grads(q, k, v, dout, dlse=dlse, packed=seq or None, **sem)
@@ -81,7 +82,8 @@ def bitwise_repeat(variant: Variant, plan: dict, *, shape=REPEAT_SHAPE, repeats=
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, lse = pkg.attention(q, k, v, return_lse=True, **seq)
     dout, dlse = _output_grads(out, lse, seed=seed, with_dlse=True)
-    runs = [torch.autograd.grad([out, lse], [q, k, v], [dout, dlse], retain_graph=True) for _ in range(repeats)]
+    with kernel_of(pkg, plan):
+        runs = [torch.autograd.grad([out, lse], [q, k, v], [dout, dlse], retain_graph=True) for _ in range(repeats)]
     _synchronize(device)
     cmp = tolerance.bitwise_repeats(runs, GRADS)
     return CheckResult(variant.name, plan["arch"], check_name(plan, "bitwise repeat"), "pass" if cmp.ok else "FAIL",

@@ -19,12 +19,15 @@ from fa4gen.spec import AttentionSpec
 class ArchFamily:
     name: str
     cute_arch: str
-    planners: tuple[Callable[[AttentionSpec], KernelPlan | None], ...]  # None: not asked for
+    # None: not asked for. A family's plans come in this order (sm90: a backward's MHA twin before it, so the
+    # arch's last plan is its default backward)
+    planners: tuple[Callable[[AttentionSpec], KernelPlan | None], ...]
     unavailable: str = ""
 
 
 ARCHS: dict[str, ArchFamily] = {
-    "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward, sm90.plan_forward_long, sm90.plan_backward)),
+    "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward, sm90.plan_forward_long,
+                                             sm90.plan_backward_mha, sm90.plan_backward)),
     "sm100": ArchFamily("sm100", "sm_100a", (sm100.plan_forward,)),
 }
 

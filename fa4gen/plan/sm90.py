@@ -307,6 +307,19 @@ def _det_cost(spec: AttentionSpec) -> str:
             f"seqlen 512-16k; session {session}, docs/PERF.md)")
 
 
+def plan_backward_mha(spec: AttentionSpec) -> KernelPlan | None:
+    """The second SM90 backward of a spec with backward and allow_gqa: the allow_gqa: false kernel, which the API
+    runs for MHA calls (as many K/V heads as query heads). Without it those calls took the GQA kernel, whose dK/dV
+    go through fp32 workspaces (zeroed per call), atomic adds and a postprocess: on the H200 (session 38,
+    docs/PERF.md) that backward ran at 0.64-0.95x the MHA kernel's speed on MHA calls (d64 / d128, s1k / s4k)."""
+    if not (spec.backward and spec.allow_gqa):
+        return None
+    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}))
+    note = ("dispatch: the API runs this kernel for calls with as many K/V heads as query heads (dK/dV stored "
+            "straight from the CTA), bwd_sm90 (GQA: dK/dV summed in fp32 workspaces) for the others")
+    return replace(plan, module="bwd_sm90_mha", mha_only=True, notes=(*plan.notes, note))
+
+
 def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true."""
     if not spec.backward:
@@ -430,9 +443,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     ]
     if spec.allow_gqa:
         notes.append("GQA (allow_gqa): each query head's dK/dV are added in fp32 into its K/V head's workspace "
-                     "(zeroed per call) and converted by the postprocess; calls with as many K/V heads as query "
-                     "heads take this path too, where allow_gqa: false stores dK/dV straight from the CTA (an "
-                     "MHA-only model wants false)")
+                     "(zeroed per call) and converted by the postprocess; the API runs this kernel for calls with "
+                     "fewer K/V heads than query heads, and bwd_sm90_mha (dK/dV stored straight from the CTA) for "
+                     "the others")
     if spec.varlen:
         notes.append("varlen: key tiles of all sequences numbered back to back; bounded TMA views for every packed "
                      "tensor, so no workspace is padded per sequence and keys past seqused_k get zero gradients")
