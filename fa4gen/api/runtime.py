@@ -395,7 +395,7 @@ class ForwardOp:
             plan = self._bwd_modules[self._pinned_bwd]
             if plan.get("mha_only") and heads != kv_heads:
                 _fail(f"{self.name}: kernel {plan['module']} is pinned, but it runs only calls with as many k/v "
-                      f"heads as q heads, got {kv_heads} and {heads}")
+                      f"heads as q heads; this call has {heads} q heads and {kv_heads} k/v heads")
             return plan
         mha = self.bwd_mha_plans.get(arch)
         if mha is not None and heads == kv_heads:
