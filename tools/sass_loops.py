@@ -79,8 +79,8 @@ def main(argv=None) -> int:
         for plan, report, sass in compile_for_sass(spec, plans, Path(tmp), "sassloops_gen"):
             print(f"{spec.name} {plan.arch} {plan.module}: {report.status} {report.detail}".rstrip()
                   + (f", {report.meta['registers']} registers" if report.meta.get("registers") else "")
-                  + ("; GQA dK/dV accumulators (allow_gqa, the spec default: the benchmarks' MHA kernels have "
-                     "allow_gqa false)" if plan.dkv_accum else ""))
+                  + ("; GQA dK/dV accumulators (allow_gqa's GQA/MQA calls; its MHA calls run bwd_sm90_mha, the "
+                     "benchmarks' MHA kernel)" if plan.dkv_accum else ""))
             if sass is None:
                 continue
             if args.dump is not None:
