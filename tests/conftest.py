@@ -69,3 +69,22 @@ def cache_root(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FA4GEN_CACHE_DIR", str(root))
         yield root
+
+
+def precompile_selected(request, package_of, directions=("fwd", "bwd"), param: str = "name") -> None:
+    """On a Hopper GPU: compile the kernels of every package that this test module's selected tests name
+    (their `param` parameter; `package_of(name)` gives the package) before the first of them runs, in one pool
+    of compile processes (fa4gen.api.runtime.precompile_ops: one per CPU as memory allows), so each test's
+    first call loads its kernels from the disk cache instead of compiling them one at a time in the test process.
+    Elsewhere nothing: the GPU tests skip."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        return
+    from fa4gen.api.runtime import precompile_ops
+
+    names = sorted({item.callspec.params[param] for item in request.session.items
+                    if getattr(item, "module", None) is request.module and hasattr(item, "callspec")
+                    and param in item.callspec.params})
+    ops = [package_of(name)._forward for name in names]
+    precompile_ops([(op, "sm90") for op in ops], directions=directions)

@@ -160,3 +160,60 @@ def test_build_without_compile_imports_no_compile_stack(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_precompile_of_several_packages_refuses_what_is_not_one(cache_root):
+    import fa4gen
+
+    pkg = fa4gen.build(SPEC)
+    with pytest.raises(TypeError, match=r"precompile: packages\[1\]: expected a generated package"):
+        fa4gen.precompile(pkg, "generated.llama3_8b", arch="sm90")
+    with pytest.raises(TypeError, match="got none"):
+        fa4gen.precompile(arch="sm90")
+    with pytest.raises(ValueError, match=r"jobs_probe: precompile: arch: expected one of \['sm90'\], got 'sm100'"):
+        fa4gen.precompile(pkg, arch="sm100")
+    with pytest.raises(ValueError, match="precompile: jobs: expected 0"):
+        fa4gen.precompile(pkg, arch="sm90", jobs=-1)
+
+
+@pytest.mark.compile
+def test_precompile_of_several_packages_compiles_them_in_one_pool(cache_root):
+    """fa4gen.precompile(a, b): both packages' kernels in one pool of compile processes, per package the
+    statuses a package's own precompile() reports; a second call finds them all in the cache."""
+    import fa4gen
+
+    a, b = fa4gen.build(SPEC), fa4gen.build(dict(SPEC, name="jobs_probe_b"))
+    first = fa4gen.precompile(a, b, arch="sm90", jobs=2)
+    assert sorted(first) == ["jobs_probe", "jobs_probe_b"]
+    assert first["jobs_probe_b"] == {"fwd_sm90": "compiled", "fwd_sm90_long": "compiled"}
+    assert set(first["jobs_probe"]) == {"fwd_sm90", "fwd_sm90_long"}  # (compiled by an earlier test, or here)
+    assert fa4gen.precompile(a, b, arch="sm90") == {n: {"fwd_sm90": "cached", "fwd_sm90_long": "cached"}
+                                                    for n in ("jobs_probe", "jobs_probe_b")}
+    assert b.precompile("sm90") == {"fwd_sm90": "cached", "fwd_sm90_long": "cached"}
+
+
+def test_gpu_suites_compile_the_selected_tests_packages_ahead(monkeypatch):
+    """conftest.precompile_selected (the GPU suites' module fixture): on a Hopper GPU, one pool compiles the
+    packages named by this module's selected tests (each once), only the directions asked for; elsewhere nothing."""
+    from types import SimpleNamespace
+
+    import torch
+    from conftest import precompile_selected
+
+    import fa4gen.api.runtime as runtime
+
+    here, other = SimpleNamespace(), SimpleNamespace()
+    item = lambda module, **params: SimpleNamespace(module=module, callspec=SimpleNamespace(params=params))  # noqa: E731
+    items = [item(here, name="b"), item(here, name="a", shape=1), item(here, name="b"), item(other, name="c"),
+             SimpleNamespace(module=here), item(here, dtype="bf16")]
+    request = SimpleNamespace(module=here, session=SimpleNamespace(items=items))
+    calls = []
+    monkeypatch.setattr(runtime, "precompile_ops", lambda targets, directions: calls.append((targets, directions)))
+    package_of = lambda name: SimpleNamespace(_forward=f"op_{name}")  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    precompile_selected(request, package_of)
+    assert calls == []  # no GPU: the tests skip, nothing compiles
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    precompile_selected(request, package_of, directions=("fwd",))
+    assert calls == [([("op_a", "sm90"), ("op_b", "sm90")], ("fwd",))]

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fa4gen
+from conftest import precompile_selected
 from fa4gen.reference import attention_ref
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,12 @@ def _package(name: str):
     if name in EXTRA:
         return fa4gen.build(dict(name=name, targets=["sm90"], **EXTRA[name]))
     return importlib.import_module(f"generated.{name}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_compiled_ahead(request):
+    """The selected tests' kernels, compiled in parallel processes before the first test (conftest)."""
+    precompile_selected(request, _package, directions=("fwd",))
 
 
 def _setup(name: str, seed_offset: int = 0):

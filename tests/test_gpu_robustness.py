@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fa4gen
+from conftest import precompile_selected
 from fa4gen.emulate import emulate_forward
 from fa4gen.golden import load_variant, tolerance
 from fa4gen.golden.badcalls import MUTATIONS, applicable, bad_call, good_call, names_argument
@@ -49,6 +50,12 @@ def _package(name):
             pkg = variant.load()
         _loaded[name] = (pkg, next(p for p in variant.plans if p["arch"] == "sm90" and p["direction"] == "fwd"))
     return _loaded[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_compiled_ahead(request):
+    """The selected tests' kernels, compiled in parallel processes before the first test (conftest)."""
+    precompile_selected(request, lambda name: _package(name)[0], directions=("fwd",))
 
 
 def _randn(shape, dtype, seed, scale=1.0):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fa4gen
+from conftest import precompile_selected
 from fa4gen.golden.tolerance import grad_budget
 from fa4gen.reference import attention_ref_grads, attention_ref_varlen
 
@@ -85,6 +86,12 @@ def _package(name: str):
     if name in BWD_VARIANTS:
         return fa4gen.build(dict(name=name, targets=["sm90"], varlen=True, backward=True, **BWD_VARIANTS[name]))
     return fa4gen.build(dict(name=name, targets=["sm90"], varlen=True, return_lse=True, **VARIANTS[name]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernels_compiled_ahead(request):
+    """The selected tests' kernels, compiled in parallel processes before the first test (conftest)."""
+    precompile_selected(request, _package)
 
 
 def _semantics(pkg):

@@ -447,34 +447,25 @@ class ForwardOp:
         """Compile (or find in the disk cache) every kernel of this package for `arch` now, `jobs` compile
         processes at once (fa4gen.builder.compile_jobs; 0: one per CPU as memory allows); when `arch` is the
         current CUDA device's, load them too, so that no call waits. {kernel module: "cached" | "compiled"}."""
-        # the current GPU's arch, if any (an explicit arch compiles on any machine; only the default needs a GPU
-        # this package has kernels for, which arch_for checks with its own error)
-        here = CAPABILITY_TO_ARCH.get(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+        return precompile_ops([(self, self.precompile_arch(arch))], jobs=jobs)[self.name]
+
+    def precompile_arch(self, arch: str | None, where: str = "precompile") -> str:
+        """The arch a precompile of this package compiles for: `arch`, checked, or (None) the current GPU's."""
         if arch is None:
             if not torch.cuda.is_available():
-                _fail(f"{self.name}: precompile: arch: no CUDA device here to take it from; name one of "
+                _fail(f"{self.name}: {where}: arch: no CUDA device here to take it from; name one of "
                       f"{sorted(self.plans)} (compiling needs no GPU)")
             arch = self.arch_for(torch.device("cuda", torch.cuda.current_device()))
         if arch not in self.plans:
             why = self.unavailable.get(arch)
-            _fail(f"{self.name}: precompile: arch: expected one of {sorted(self.plans)}, got {arch!r}"
+            _fail(f"{self.name}: {where}: arch: expected one of {sorted(self.plans)}, got {arch!r}"
                   + (f" ({why})" if why else ""))
-        if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
-            _fail(f"{self.name}: precompile: jobs: expected 0 (one per CPU) or a positive count, got {jobs!r}")
-        from fa4gen.builder import CompileJob, compile_jobs
+        return arch
 
+    def kernel_plans(self, arch: str) -> list[dict]:
+        """Every kernel plan of this package for `arch`: the forwards, then the backwards (the MHA-call one too)."""
         plans = [self.plans[arch], *self.long_plans.get(arch, ())]
-        plans += [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans) if arch in p]
-        reports = compile_jobs([CompileJob(self.dir, self.package, plan, self.name) for plan in plans],
-                               keep_sass=False, workers=jobs, log=log.info)
-        failed = [f"{r.module}: {r.detail}" for r in reports if r.status == "failed"]
-        if failed:
-            raise RuntimeError(f"{self.name}: precompile: {len(failed)} kernel(s) failed to compile: "
-                               + "; ".join(failed))
-        if arch == here:
-            for plan in plans:
-                self.function(plan)  # from the disk cache (ms each)
-        return {r.module: r.status for r in reports}
+        return plans + [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans) if arch in p]
 
     @staticmethod
     def _launch(fn, device: torch.device, args: list) -> None:
@@ -1038,3 +1029,31 @@ def _not_differentiable(grads: tuple) -> tuple:
         b"gradient penalties); compute first-order gradients only", len(present))
     wrapped = iter(err(*[g.detach().requires_grad_() for g in present]))
     return tuple(next(wrapped) if g is not None else None for g in grads)
+
+
+def precompile_ops(targets: list[tuple["ForwardOp", str]], *, jobs: int = 0,
+                   directions: tuple[str, ...] = ("fwd", "bwd")) -> dict[str, dict[str, str]]:
+    """Compile (or find in the disk cache) every kernel of several packages, each for its arch, in one pool of
+    `jobs` compile processes (0: one per CPU as memory allows), so packages compile side by side and not one
+    after another; the kernels of the current GPU's arch are then loaded. {package: {module: status}}.
+    `directions`: only kernels of these (the GPU test suites' ahead-of-time compile of what they call)."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
+        _fail(f"precompile: jobs: expected 0 (one per CPU) or a positive count, got {jobs!r}")
+    from fa4gen.builder import CompileJob, compile_jobs
+
+    # the current GPU's arch, if any (an explicit arch compiles on any machine)
+    here = CAPABILITY_TO_ARCH.get(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    work = [(op, plan) for op, arch in targets for plan in op.kernel_plans(arch) if plan["direction"] in directions]
+    reports = compile_jobs([CompileJob(op.dir, op.package, plan, op.name) for op, plan in work],
+                           keep_sass=False, workers=jobs, log=log.info)
+    failed = [f"{op.name}.{r.module}: {r.detail}" for (op, _), r in zip(work, reports) if r.status == "failed"]
+    if failed:
+        names = sorted({op.name for op, _ in targets})
+        raise RuntimeError(f"{', '.join(names)}: precompile: {len(failed)} kernel(s) failed to compile: "
+                           + "; ".join(failed))
+    result: dict[str, dict[str, str]] = {op.name: {} for op, _ in targets}
+    for (op, plan), r in zip(work, reports):
+        if plan["arch"] == here:
+            op.function(plan)  # from the disk cache (ms each)
+        result[op.name][r.module] = r.status
+    return result
