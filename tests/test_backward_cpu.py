@@ -187,7 +187,7 @@ class FakeKernels:
         self.op = op
         # (a package without a backward: the forward's plan, whose run-time arguments are the same)
         self.fwd_plan = op.plans["sm90"]
-        self.plan = op.bwd_plans.get("sm90", self.fwd_plan)
+        self.plan = self.default_plan = op.bwd_plans.get("sm90", self.fwd_plan)
         self.calls: list[dict] = []
 
     def install(self, monkeypatch):
@@ -205,7 +205,7 @@ class FakeKernels:
         try:
             self.backward(*a)
         finally:
-            self.plan = self.op.bwd_plans.get("sm90", self.fwd_plan)
+            self.plan = self.default_plan
         self.calls[-1]["module"] = plan["module"]
 
     def _semantics(self, args: list, *, backward: bool) -> dict:
