@@ -111,3 +111,42 @@ def test_grouped_grids_launch_in_head_grouped_order():
         assert int(schedule.l2_group(8192, (256 + 256) * 2 + 256 * 4)) == 3  # d256 s8k: 16 MB per pair
 
     trace_in_kernel(check, "sm_90a")
+
+
+@pytest.mark.parametrize("head_dim, head_dim_v, tile_n", [(64, 64, 128), (128, 128, 128), (192, 128, 96),
+                                                          (256, 256, 64)])
+def test_causal_backward_groups_hold_about_one_wave(head_dim, head_dim_v, tile_n):
+    """The causal backward's pair groups (longest key blocks first within a group) hold the power of two of pairs
+    nearest one wave of 132 CTAs in ratio, on the FA grid's shapes (16k tokens x 16 heads, s512-16k). The floor
+    of 132 / key blocks it took until session 39 made the (192, 128) tile's groups (96-key blocks: 11, 22, 43,
+    86 per pair) as small as 86 CTAs, so each group's longest CTAs started late; tools/sim_schedules.py `groups`
+    models what that cost. Read from the rendered module, so the constant the kernel uses is the one checked."""
+    import math
+    import re
+
+    from fa4gen.builder import render_spec
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict(dict(name="lpt_groups", targets=["sm90"], dtype="bf16", head_dim=head_dim,
+                               head_dim_v=head_dim_v, mask={"kind": "causal"}, backward=True, allow_gqa=False))
+    pkg, plans, _ = render_spec(spec, "t")
+    bwd = next(p for p in plans if p.direction == "bwd")
+    assert bwd.tile_n == tile_n
+    code = pkg.files["bwd_sm90.py"]
+    ctas = int(re.search(r"^LPT_GROUP_CTAS = (\d+)$", code, re.MULTILINE).group(1))
+    assert "schedule.pow2_group(num_hb, cutlass.max(LPT_GROUP_CTAS // num_n, Int32(1)))" in code
+
+    def check():
+        for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+            num_n = -(-seqlen // tile_n)
+            if num_n > 132:  # one pair's key blocks already fill a wave
+                continue
+            num_hb = 16 * (16384 // seqlen)
+            group = int(schedule.pow2_group(num_hb, max(ctas // num_n, 1)))
+            wave = 132 / num_n  # pairs per wave
+            if wave >= 16:  # L2_MAX_GROUP caps it
+                assert group == 16, (seqlen, group)
+                continue
+            assert wave / math.sqrt(2) <= group <= wave * math.sqrt(2), (seqlen, num_n, group)
+
+    trace_in_kernel(check, "sm_90a")

@@ -26,6 +26,12 @@ measurements. Prints each one's makespan and its ratio to the grid's.
 d64 and d128, seqlens 512-4096 by 128): session 15's nested units, its flat units to the end, and the
 kernel's order (units, then a longest-first tail in a snake, from fa4gen.device.schedule itself).
 
+`groups`: the causal non-deterministic backward's grid (one CTA per key block, a key block's work its query
+tiles from the diagonal on, plus `cta_overhead` steps) at the FA grid's shapes, greedy onto `sms` SMs, with
+pair groups of pow2_group(pairs, C // key blocks): C = 132 (the floor of a wave, until session 39) against
+C = 186 (the power of two nearest a wave in ratio, the kernel's LPT_GROUP_CTAS). L2 traffic is not modelled.
+Prints each one's group and makespan over a perfect balance.
+
 Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent` or `... paired` (docs/STATUS.md, sessions 11
 and 14, quote their output).
 """
@@ -118,6 +124,16 @@ def makespan(works, sms=132):
         end = max(end, t)
         heapq.heappush(free, t)
     return end
+
+
+def causal_bwd_groups(tile_m, tile_n, seqlen, hb, ctas_per_group, sms=132, cta_overhead=1.0):
+    """(group, makespan over a perfect balance) of the causal backward's grid order (module docstring)."""
+    num_m, num_n = -(-seqlen // tile_m), -(-seqlen // tile_n)
+    limit = max(ctas_per_group // num_n, 1)
+    group = max(g for g in (1, 2, 4, 8, 16) if g <= limit and hb % g == 0)
+    works = [num_m - n * tile_n // tile_m + cta_overhead
+             for g0 in range(0, hb, group) for n in range(num_n) for _ in range(min(group, hb - g0))]
+    return group, makespan(works, sms) / (sum(works) / sms)
 
 
 def varlen_orders(lengths, heads, causal, tile_m=128, tile_n=128, prologue=0.3):
@@ -222,7 +238,7 @@ def _z_tile(z, num_m):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -250,6 +266,13 @@ def main(argv=None) -> int:
                 print(f"masked persistent d{d} causal, seqlen 512-4096: {name} mean "
                       f"{statistics.mean(r[1][name] for r in rows):.3f}x a perfect balance, worst "
                       f"{worst[1][name]:.3f} (s{worst[0]})")
+    elif args.which == "groups":
+        for name, tile_m, tile_n in (("d64", 128, 128), ("d128", 64, 128), ("(192, 128)", 64, 96), ("d256", 64, 64)):
+            for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+                hb = 16 * (16384 // seqlen)
+                cells = [causal_bwd_groups(tile_m, tile_n, seqlen, hb, c, args.sms) for c in (132, 186)]
+                print(f"causal backward {name} s{seqlen}: " + ", ".join(
+                    f"C={c}: group {g} {r:.3f}x" for c, (g, r) in zip((132, 186), cells)))
     elif args.which == "persistent":
         for seqlen in (512, 1024, 2048, 4096, 8192):
             grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)

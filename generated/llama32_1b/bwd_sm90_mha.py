@@ -63,7 +63,11 @@ PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
 DQ_HANDOFF = 128 + 32
-LPT_WAVE_CTAS = 132  # CTAs of one wave on an H100/H200 (one CTA per SM): the size of a group of pairs
+# a group of pairs holds about one wave of CTAs (132 on an H100 / H200, one CTA per SM): pow2_group takes the
+# largest power of two of pairs <= LPT_GROUP_CTAS // key blocks, and 186 = 132 * sqrt(2) makes that the power of two
+# nearest a wave in ratio, where 132 // key blocks (until session 39) rounded down to as little as half a wave
+# whenever the key blocks do not divide 132 by a power of two: the (192, 128) tile's 96-key blocks (s1k-s8k)
+LPT_GROUP_CTAS = 186
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
 
@@ -188,7 +192,7 @@ class FlashBwdSm90:
         num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
         # causal: key blocks ascending (the longest first), groups of pairs about one wave of CTAs wide, so
         # the grid ends on its shortest CTAs
-        group = schedule.pow2_group(num_hb, cutlass.max(LPT_WAVE_CTAS // num_n, Int32(1)))
+        group = schedule.pow2_group(num_hb, cutlass.max(LPT_GROUP_CTAS // num_n, Int32(1)))
         grid = (group, num_n, num_hb // group)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
