@@ -80,3 +80,19 @@ def test_paired_order_balances_the_masked_persistent_forward(sim, d):
     assert max(ratio["kernel"]) <= 1.035, ratio["kernel"]
     assert sum(ratio["kernel"]) < sum(ratio["units"]) < sum(ratio["nested"])
     assert max(ratio["nested"]) > 1.2  # s640 (5 tiles per pair: every third CTA gets only middle tiles)
+
+
+def test_causal_bwd_groups_model(sim):
+    """The pair-group model STATUS quotes (session 39): groups are powers of two dividing the pairs and at most
+    the limit; the (192, 128) tile's half-wave groups of the old rule (C = 132) sit further from a perfect balance
+    than the kernel's (C = 186); where both rules pick the same group the makespans are equal; a ratio is >= 1."""
+    for seqlen in (1024, 2048, 4096, 8192):
+        hb = 16 * (16384 // seqlen)
+        (g_old, r_old), (g_new, r_new) = (sim.causal_bwd_groups(64, 96, seqlen, hb, c) for c in (132, 186))
+        assert hb % g_old == 0 and hb % g_new == 0 and g_new == 2 * g_old
+        assert 1.0 <= r_new < r_old
+    for seqlen in (1024, 4096, 16384):
+        hb = 16 * (16384 // seqlen)
+        old, new = (sim.causal_bwd_groups(64, 128, seqlen, hb, c) for c in (132, 186))
+        assert old == new and old[1] >= 1.0
+    assert sim.causal_bwd_groups(64, 128, 512, 3, 132)[0] == 1  # 3 pairs: only 1 divides them

@@ -30,7 +30,9 @@ kernel's order (units, then a longest-first tail in a snake, from fa4gen.device.
 tiles from the diagonal on, plus `cta_overhead` steps) at the FA grid's shapes, greedy onto `sms` SMs, with
 pair groups of pow2_group(pairs, C // key blocks): C = 132 (the floor of a wave, until session 39) against
 C = 186 (the power of two nearest a wave in ratio, the kernel's LPT_GROUP_CTAS). L2 traffic is not modelled.
-Prints each one's group and makespan over a perfect balance.
+Prints each one's group and makespan over a perfect balance. Then the deterministic backward's grid (key blocks
+last to first, groups of pairs whose query rows fit L2) with the turns' waits left out: the tail its
+shortest-first launch costs by itself, against the same groups longest-first.
 
 Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent` or `... paired` (docs/STATUS.md, sessions 11
 and 14, quote their output).
@@ -273,6 +275,18 @@ def main(argv=None) -> int:
                 cells = [causal_bwd_groups(tile_m, tile_n, seqlen, hb, c, args.sms) for c in (132, 186)]
                 print(f"causal backward {name} s{seqlen}: " + ", ".join(
                     f"C={c}: group {g} {r:.3f}x" for c, (g, r) in zip((132, 186), cells)))
+        for name, tile_m, tile_n, row_bytes in (("d128", 64, 128, 256 * 2 + 128 * 4), ("(192, 128)", 64, 96,
+                                                                                      320 * 2 + 192 * 4)):
+            for seqlen in (1024, 4096, 16384):
+                hb = 16 * (16384 // seqlen)
+                num_m, num_n = -(-seqlen // tile_m), -(-seqlen // tile_n)
+                fit = min(max((50 * 2**20 // row_bytes) // seqlen, 1), 16)  # schedule.l2_group
+                group = max(g for g in (1, 2, 4, 8, 16) if g <= fit and hb % g == 0)
+                blocks = {order: [num_m - n * tile_n // tile_m + 1 for g0 in range(0, hb, group) for n in order(num_n)
+                                  for _ in range(min(group, hb - g0))] for order in (lambda k: reversed(range(k)), range)}
+                shortest, longest = (makespan(w, args.sms) / (sum(w) / args.sms) for w in blocks.values())
+                print(f"deterministic causal backward {name} s{seqlen} (group {group}, no turn waits): shortest-first "
+                      f"{shortest:.3f}x, longest-first {longest:.3f}x a perfect balance")
     elif args.which == "persistent":
         for seqlen in (512, 1024, 2048, 4096, 8192):
             grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)
