@@ -34,8 +34,8 @@ Prints each one's group and makespan over a perfect balance. Then the determinis
 last to first, groups of pairs whose query rows fit L2) with the turns' waits left out: the tail its
 shortest-first launch costs by itself, against the same groups longest-first.
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent` or `... paired` (docs/STATUS.md, sessions 11
-and 14, quote their output).
+Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired` or `... groups` (docs/STATUS.md,
+sessions 11, 14 and 39, quote their output).
 """
 
 import argparse
