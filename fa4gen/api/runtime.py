@@ -449,16 +449,16 @@ class ForwardOp:
         current CUDA device's, load them too, so that no call waits. {kernel module: "cached" | "compiled"}."""
         return precompile_ops([(self, self.precompile_arch(arch))], jobs=jobs)[self.name]
 
-    def precompile_arch(self, arch: str | None, where: str = "precompile") -> str:
+    def precompile_arch(self, arch: str | None) -> str:
         """The arch a precompile of this package compiles for: `arch`, checked, or (None) the current GPU's."""
         if arch is None:
             if not torch.cuda.is_available():
-                _fail(f"{self.name}: {where}: arch: no CUDA device here to take it from; name one of "
+                _fail(f"{self.name}: precompile: arch: no CUDA device here to take it from; name one of "
                       f"{sorted(self.plans)} (compiling needs no GPU)")
             arch = self.arch_for(torch.device("cuda", torch.cuda.current_device()))
         if arch not in self.plans:
             why = self.unavailable.get(arch)
-            _fail(f"{self.name}: {where}: arch: expected one of {sorted(self.plans)}, got {arch!r}"
+            _fail(f"{self.name}: precompile: arch: expected one of {sorted(self.plans)}, got {arch!r}"
                   + (f" ({why})" if why else ""))
         return arch
 
