@@ -754,7 +754,7 @@ def test_backward_dq_claim_choices(mask):
     ((64, None), {"kind": "causal"}, "measured 0.952-0.992x of the non-deterministic backward with a causal mask"),
     ((128, None), {"kind": "none"}, "measured 0.965-0.997x of the non-deterministic backward without a mask"),
     ((96, None), {"kind": "causal"}, "measured at d128 0.933-0.967x"),
-    ((192, 128), {"kind": "causal"}, "measured 0.848-0.962x"),
+    ((192, 128), {"kind": "causal"}, "measured 0.828-0.972x"),
     ((256, None), {"kind": "sliding_window", "left": 64, "right": 0},
      "measured 0.912-1.001x of the non-deterministic backward with a causal mask (sliding_window not measured)"),
 ])
