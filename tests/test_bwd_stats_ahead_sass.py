@@ -1,9 +1,12 @@
 """The Sᵀ backward reads each query's LSE2 and D from shared memory ahead of the MMA waits that precede their use:
 compiled for sm_90a on the CPU, every per-block MMA loop of the d128 causal backward (64-row tiles) issues its
-LSE2 loads before the block's first HGMMA, and its D loads before the dV GEMM that follows the exp2 stream.
-Read after the waits (as before session 37), their shared-memory latency stalled the exp2 / dS arithmetic:
-short-scoreboard stalls 20.4% of the d128 causal s16k samples against flash-attn-4's 5.2%, 13.8% with the loads
-ahead, and the backward 1-2% faster (docs/PERF.md, session 37)."""
+LSE2 and D loads before the block's first HGMMA. Read after the waits (as before session 37), their shared-memory
+latency stalled the exp2 / dS arithmetic: short-scoreboard stalls 20.4% of the d128 causal s16k samples against
+flash-attn-4's 5.2%, 13.8% with the loads ahead, and the backward 1-2% faster (docs/PERF.md, session 37). D was read
+while the exp2 stream ran until session 40, where ptxas gave the loads' address register to the dS store addresses
+three instructions after the last load (a write-after-read wait on the shared-memory queue)."""
+
+import re
 
 import pytest
 
@@ -38,7 +41,12 @@ def test_statistics_are_read_ahead_of_the_mma_waits(bwd_sass):
         # the dV GEMM: the first HGMMA after the wait for Sᵀ (its A operand, Pᵀ, comes from registers)
         dv = next(i for i in mma if i > first_wait)
         lds = [i for i, line in enumerate(body) if "LDS.64" in line]
-        # 16 LSE2 per thread = 8 LDS.64 (two adjacent queries per load); D: at least half of its 16 (reading
-        # fewer of them ahead is a register-pressure trade, docs/patches)
-        assert sum(i < mma[0] for i in lds) >= 8, "LSE2 is read after the Sᵀ GEMM is issued"
-        assert sum(first_wait < i < dv for i in lds) >= 4, "D is read after the dPᵀ wait"
+        # 16 LSE2 and 16 D per thread = 16 LDS.64 (two adjacent queries per load), all before the Sᵀ GEMM
+        assert sum(i < mma[0] for i in lds) >= 16, "LSE2 or D is read after the Sᵀ GEMM is issued"
+        assert not any(first_wait < i < dv for i in lds), "statistics read between the Sᵀ wait and the dV GEMM"
+        # the loads' address register is not written again right after them (its write would wait for the queue)
+        last = max(i for i in lds if i < mma[0])
+        address = re.search(r"\[(R\d+)", body[last]).group(1)
+        for line in body[last + 1:last + 9]:
+            dest = re.search(r"^(?:@!?U?P\w+\s+)?[A-Z][\w.]*\s+(R\d+)\b", re.sub(r"^\s*/\*\w+\*/\s*", "", line))
+            assert dest is None or dest.group(1) != address, f"{address} rewritten right after the loads: {line}"

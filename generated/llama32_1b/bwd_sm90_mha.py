@@ -441,6 +441,9 @@ class FlashBwdSm90:
                 # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
                 for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
                     lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -468,9 +471,6 @@ class FlashBwdSm90:
                     lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
-                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
-                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # 80- and 128-row tiles: dV is issued once dS is formed (Sᵀ, dPᵀ, Pᵀ in flight and dK/dV at once
                 # would not fit the registers)
                 warpgroup.wait_group(0)
@@ -537,6 +537,9 @@ class FlashBwdSm90:
                 # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
                 for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
                     lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -560,9 +563,6 @@ class FlashBwdSm90:
                     lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
-                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
-                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # 80- and 128-row tiles: dV is issued once dS is formed (Sᵀ, dPᵀ, Pᵀ in flight and dK/dV at once
                 # would not fit the registers)
                 warpgroup.wait_group(0)

@@ -480,6 +480,9 @@ class FlashBwdSm90:
                 # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
                 for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
                     lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -508,9 +511,6 @@ class FlashBwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
                 rP.store(acc_S.load().to(DTYPE))
-                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
-                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
@@ -572,6 +572,9 @@ class FlashBwdSm90:
                 # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
                 for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
                     lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
                 tSrK_0 = tSrK[None, None, None, 0]
@@ -596,9 +599,6 @@ class FlashBwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
                 rP.store(acc_S.load().to(DTYPE))
-                # D into registers ahead of the wait for dPᵀ (as LSE2 above)
-                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                 # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
