@@ -50,9 +50,9 @@ SDP_ATOMS, SDP_N = ((2, 1, 1), TILE_N) if ROW_SPLIT else ((1, 2, 1), TILE_N // 2
 DQ_ATOMS, DQ_N = hopper.dq_split(HEAD_DIM, TILE_M)
 DQ_T = hopper.dq_transposed(TILE_M)  # 80-row tiles: dQᵀ = Kᵀ·dSᵀ, chunks of 64 head-dim rows x TILE_M queries
 # Sᵀ: fragment columns (queries) whose LSE2 / D a thread reads into registers ahead of the MMA waits (the
-# rest are read at their use): LSE2 before the Sᵀ/dPᵀ GEMMs are issued, D while the exp2 stream runs. All
-# 16 columns of a 64-row tile, 8 of 20 LSE2 at 80 rows; none at 128 rows (d <= 64), where Sᵀ and dPᵀ take
-# 64 registers each. More spilled in the CPU sweep (tools/spill_sweep.py --only bwd, session 37): 16 / 20
+# rest are read at their use): LSE2 before the Sᵀ/dPᵀ GEMMs are issued, D with it or while the exp2 stream runs
+# (dsum_early). All 16 columns of a 64-row tile, 8 of 20 LSE2 at 80 rows; none at 128 rows (d <= 64), where Sᵀ
+# and dPᵀ take 64 registers each. More spilled in the CPU sweep (tools/spill_sweep.py --only bwd, session 37): 16 / 20
 # LSE2 at 80 rows (fp16 varlen), 4 LSE2 at 128 rows (bf16 causal GQA)
 LSE2_HELD = {64: 16, 80: 8}.get(TILE_M, 0)
 DSUM_HELD = {64: 16}.get(TILE_M, 0)
