@@ -111,15 +111,15 @@ def test_transposed_mask_limits_do_not_wrap(mask):
 def test_causal_bit_mask_keeps_exactly_the_columns_below_the_limit():
     """mask.apply_mask with an upper bound only (causal): a row keeps a prefix of the thread's fragment
     columns (thread 0's view: 0, 1, 8, 9, 16, 17, ...), taken from one Int32 bit mask per 32 columns
-    (`kept_prefix`, `prefix_bits`; element c kept iff bit c % 32 of its word is set, read with an
-    arithmetic shift as on the GPU). It must keep exactly the columns the per-element compare keeps."""
+    (`kept_prefix`, `prefix_bits`; element c kept iff bit c % 32 of its word is set, read as on the GPU
+    with `bit_set`: an AND with a constant). It must keep exactly the columns the per-element compare keeps."""
     for n_cols in (16, 20, 32, 44, 64):
         cols = [8 * (c // 2) + c % 2 for c in range(n_cols)]
         for limit in range(-40, cols[-1] + 20):
             keep = tiling.kept_prefix(limit, n_cols)
             for c, col in enumerate(cols):
                 bits = tiling.prefix_bits(keep - 32 * (c // 32))
-                assert ((bits >> (c % 32)) & 1) == (col < limit), (n_cols, limit, c)
+                assert tiling.bit_set(bits, c % 32) == (col < limit), (n_cols, limit, c)
 
 
 def test_transposed_causal_bit_mask_keeps_exactly_the_queries_the_compare_keeps():
@@ -138,5 +138,14 @@ def test_transposed_causal_bit_mask_keeps_exactly_the_queries_the_compare_keeps(
                     drop = tiling.dropped_prefix(lo, hi, n_cols)
                     for c, q in enumerate(cols):
                         bits = ~tiling.prefix_bits(drop - 32 * (c // 32))
-                        assert ((bits >> (c % 32)) & 1) == (lo <= q < hi), (n_cols, seqlen_q, seqlen_k, base, key, c)
+                        assert tiling.bit_set(bits, c % 32) == (lo <= q < hi), (n_cols, seqlen_q, seqlen_k, base, key, c)
 
+
+
+def test_bit_set_reads_every_bit_of_an_int32_as_the_shift_does():
+    """mask.bit_set (an AND with a constant, -2**31 for the sign bit) agrees with the arithmetic shift the
+    masks read their bits with before, on every bit position of words with and without the sign bit."""
+    words = [0, -1, 1, -2**31, 2**31 - 1, 0x55555555, -0x55555556, 0x0F0F0F0F, -12345678, 987654321]
+    for w in words:
+        for k in range(32):
+            assert tiling.bit_set(w, k) == bool((w >> k) & 1), (w, k)

@@ -136,6 +136,16 @@ def run_child(code: str, env: dict, passes: int = 0) -> dict:
     return out
 
 
+def ir_counts(folder: Path) -> dict:
+    """Op lines (`=`), `scf.if` regions and register loads in the kernels' clean MLIR (KEEP=ir) under folder."""
+    text = "\n".join(f.read_text() for f in sorted(folder.glob("*_clean.mlir")))
+    if not text:
+        raise SystemExit(f"--ir-ops: no *_clean.mlir written under {folder} (CuTe-DSL's KEEP=ir)")
+    lines = text.splitlines()
+    return dict(op_lines=sum("=" in ln for ln in lines), scf_if=sum("scf.if" in ln for ln in lines),
+                memref_load=sum("cute.memref.load" in ln for ln in lines))
+
+
 def unpack_fa4(wheel_dir: Path, into: Path) -> Path:
     """flash-attn-4, quack and einops unpacked from their wheels in wheel_dir (pure Python)."""
     wheels = [next(wheel_dir.glob(f"{name}-*.whl"), None) for name in ("flash_attn_4", "quack_kernels", "einops")]
@@ -161,6 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pass-timing", type=int, default=0, metavar="N",
                     help="also report the N slowest MLIR passes of each native compile (the pass manager's timing; "
                          "CudaToBinaryPass holds LLVM's NVPTX code generation and ptxas)")
+    ap.add_argument("--ir-ops", action="store_true",
+                    help="also count each kernel's MLIR after canonicalize + CSE (CuTe-DSL's KEEP=ir): op lines, "
+                         "scf.if regions, register loads. Deterministic, where the times move +-25%% between runs")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
@@ -174,12 +187,18 @@ def main(argv=None) -> int:
         for rnd in range(args.rounds):
             order = ["fa4gen", "flash_attn_4"] if rnd % 2 == 0 else ["flash_attn_4", "fa4gen"]
             for name in order:
+                ir_dir = Path(tmp) / f"ir_{name}{rnd}"
+                ir_env = dict(CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(ir_dir)) if args.ir_ops else {}
+                ir_dir.mkdir()
                 if name == "fa4gen":
-                    env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"))  # empty: a compile
+                    env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"), **ir_env)  # empty: a compile
                     rows[name].append(run_child(OURS.format(hook=hook, spec=SPEC, seqlen_q=args.seqlen_q), env,
                                                 args.pass_timing))
                 else:
-                    rows[name].append(run_child(FA4.format(hook=hook, site=str(site)), base, args.pass_timing))
+                    rows[name].append(run_child(FA4.format(hook=hook, site=str(site)), dict(base, **ir_env),
+                                                args.pass_timing))
+                if args.ir_ops:
+                    rows[name][-1]["ir"] = ir_counts(ir_dir)
                 print(name, rows[name][-1], flush=True)
     med = {name: {k: round(statistics.median(r[k] for r in rs if k in r), 3)
                   for k in ("first_compile_s", "trace_s", "native_s", "cache_write_s", "gc_s", "gc_full")

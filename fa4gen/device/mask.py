@@ -18,6 +18,27 @@ from cutlass import Float32, Int32
 NO_BOUND = -1  # run-time value meaning "unbounded" for a window side
 
 
+def keep_or_ninf(x: Float32, keep) -> Float32:
+    """x where `keep`, else -inf, as one select op. A conditional expression on a run-time value traces an
+    if-region per element (with the load of x inside it), which the MLIR passes carry as a region until
+    LLVM / ptxas turn it into the same predicated FSEL: more ops and trace time for the same SASS."""
+    if isinstance(keep, bool):
+        return x if keep else -Float32.inf
+    return Float32(cutlass.select_(keep, x, -Float32.inf))
+
+
+def ninf_or_keep(drop, x: Float32) -> Float32:
+    """-inf where `drop`, else x (`keep_or_ninf` with the predicate's other sense, which ptxas keeps)."""
+    if isinstance(drop, bool):
+        return -Float32.inf if drop else x
+    return Float32(cutlass.select_(drop, -Float32.inf, x))
+
+
+def bit_set(bits: Int32, k: int):
+    """Whether bit k (0..31, known at trace time) of `bits` is set, as one AND with a constant."""
+    return (bits & Int32((1 << k) if k < 31 else -(1 << 31))) != 0
+
+
 @cute.jit
 def row_bounds(
     pos: Int32,
@@ -100,7 +121,7 @@ def apply_mask(
             for w in cutlass.range_constexpr((n_cols + 31) // 32):
                 bits = prefix_bits(keep - 32 * w)
                 for c in cutlass.range_constexpr(32 * w, min(32 * w + 32, n_cols)):
-                    s[r, c] = s[r, c] if (bits >> (c - 32 * w)) & 1 else -Float32.inf
+                    s[r, c] = keep_or_ninf(s[r, c], bit_set(bits, c - 32 * w))
         return
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         pos = coords[r, 0][0] + row_offset + pos_shift
@@ -114,17 +135,30 @@ def apply_mask(
             col = coords0[0, c][1]
             # selects, not branches: ptxas keeps them as FSEL on a predicate
             if cutlass.const_expr(lower):
+                # (a conditional expression here: the select form reorders the d256 softcap + window forward's
+                # masked loop (gemma2_9b; same instructions), not yet timed on the GPU)
                 s[r, c] = -Float32.inf if col >= hi or col < lo else s[r, c]
             else:
-                s[r, c] = -Float32.inf if col >= hi else s[r, c]
+                s[r, c] = ninf_or_keep(col >= hi, s[r, c])
 
 
 def _fragment_columns(coords0: cute.Tensor, n_cols: int, mode: int = 1) -> bool:
     """Whether thread 0's columns (coordinate `mode` of each: 1 = key, 0 = query for a transposed tile)
     are the SM90 accumulator's pattern 0, 1, 8, 9, 16, 17, ... (two adjacent columns every 8), known at
-    trace time."""
-    cols = [coords0[0, c][mode] for c in range(n_cols)]
-    return all(isinstance(col, int) for col in cols) and cols == [8 * (c // 2) + c % 2 for c in range(n_cols)]
+    trace time. Memoized on the tensor object (the kernels pass one thread-0 view to every mask call, and
+    each index of it traces ops the passes then drop)."""
+    memo = getattr(coords0, "_fa4gen_fragment_columns", None)
+    if memo is None:
+        memo = {}
+        try:
+            coords0._fa4gen_fragment_columns = memo
+        except AttributeError:  # a tensor type without a __dict__: no memo, the same answer
+            pass
+    if (n_cols, mode) not in memo:
+        cols = [coords0[0, c][mode] for c in range(n_cols)]
+        memo[(n_cols, mode)] = (all(isinstance(col, int) for col in cols)
+                                and cols == [8 * (c // 2) + c % 2 for c in range(n_cols)])
+    return memo[(n_cols, mode)]
 
 
 @cute.jit
@@ -348,7 +382,7 @@ def apply_mask_by_key(
             for w in cutlass.range_constexpr((n_cols + 31) // 32):
                 bits = ~prefix_bits(drop - 32 * w)
                 for c in cutlass.range_constexpr(32 * w, min(32 * w + 32, n_cols)):
-                    s[r, c] = s[r, c] if (bits >> (c - 32 * w)) & 1 else -Float32.inf
+                    s[r, c] = keep_or_ninf(s[r, c], bit_set(bits, c - 32 * w))
         return
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
         lo, hi = key_bounds(
@@ -361,7 +395,7 @@ def apply_mask_by_key(
         lo, hi = relative_bounds(lo, hi, base)
         for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
             q = coords0[0, c][0]
-            s[r, c] = -Float32.inf if q >= hi or q < lo else s[r, c]
+            s[r, c] = ninf_or_keep(q >= hi or q < lo, s[r, c])
 
 
 @cute.jit

@@ -80,12 +80,14 @@ def online_softmax_step(
     row_max, row_sum, row_scale = rows.row_max, rows.row_sum, rows.row_scale
     n_cols = cute.size(s, mode=[1])
     for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        # the row's scores read once (each tensor index costs trace time and ops the passes must fold)
+        row = [s[r, c] for c in range(n_cols)]  # a comprehension is unrolled at trace time
         # four independent max chains (short dependency chains), seeded with the running max
-        lanes = [s[r, c] for c in range(min(4, n_cols))]  # a comprehension is unrolled at trace time
+        lanes = row[:min(4, n_cols)]
         if cutlass.const_expr(not is_first):
             lanes[0] = cute.arch.fmax(lanes[0], row_max[r])
         for c in cutlass.range_constexpr(len(lanes), n_cols):
-            lanes[c % 4] = cute.arch.fmax(lanes[c % 4], s[r, c])
+            lanes[c % 4] = cute.arch.fmax(lanes[c % 4], row[c])
         tile_max = lanes[0]
         for j in cutlass.range_constexpr(1, len(lanes)):
             tile_max = cute.arch.fmax(tile_max, lanes[j])
@@ -107,12 +109,13 @@ def online_softmax_step(
         if cutlass.const_expr(not is_first):
             acc = row_sum[r] * scale
         for c in cutlass.range_constexpr(n_cols):
-            x = s[r, c] * scale_log2 - max_scaled
+            x = row[c] * scale_log2 - max_scaled
             if cutlass.const_expr(poly_every > 0 and c % poly_every == poly_every - 1):
-                s[r, c] = polyexp.exp2_poly(x, poly_coeffs)
+                p = polyexp.exp2_poly(x, poly_coeffs)
             else:
-                s[r, c] = cute.math.exp2(x, fastmath=True)
-            acc += s[r, c]
+                p = cute.math.exp2(x, fastmath=True)
+            s[r, c] = p
+            acc += p
         row_sum[r] = acc
         row_scale[r] = scale
 
@@ -144,8 +147,9 @@ def warp_needs_rescale(rows: RowState, n_rows: cutlass.Constexpr[int]) -> cutlas
 @cute.jit
 def _scale_rows(o: cute.Tensor, row_scale: cute.Tensor):
     for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+        scale = row_scale[r]
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-            o[r, c] = o[r, c] * row_scale[r]
+            o[r, c] = o[r, c] * scale
 
 
 @cute.jit

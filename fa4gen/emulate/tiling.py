@@ -108,6 +108,12 @@ def prefix_bits(n):
     return -1 if m == 32 else i32((1 << m) - 1)
 
 
+def bit_set(bits, k):
+    """mask.bit_set: whether bit k (0..31) of the Int32 `bits` is set, as the AND with a constant the
+    kernels use (bit 31 is the sign bit: the constant is -2**31)."""
+    return (i32(bits) & ((1 << k) if k < 31 else -(1 << 31))) != 0
+
+
 def dropped_prefix(lo, hi, n_cols):
     """mask.dropped_prefix: the fragment columns a transposed causal key row masks (below lo, or all)."""
     return n_cols if hi <= lo else kept_prefix(lo, n_cols)
