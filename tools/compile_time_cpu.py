@@ -187,9 +187,10 @@ def main(argv=None) -> int:
         for rnd in range(args.rounds):
             order = ["fa4gen", "flash_attn_4"] if rnd % 2 == 0 else ["flash_attn_4", "fa4gen"]
             for name in order:
-                ir_dir = Path(tmp) / f"ir_{name}{rnd}"
-                ir_env = dict(CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(ir_dir)) if args.ir_ops else {}
-                ir_dir.mkdir()
+                ir_dir, ir_env = Path(tmp) / f"ir_{name}{rnd}", {}
+                if args.ir_ops:
+                    ir_dir.mkdir()
+                    ir_env = dict(CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(ir_dir))
                 if name == "fa4gen":
                     env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"), **ir_env)  # empty: a compile
                     rows[name].append(run_child(OURS.format(hook=hook, spec=SPEC, seqlen_q=args.seqlen_q), env,

@@ -145,20 +145,9 @@ def apply_mask(
 def _fragment_columns(coords0: cute.Tensor, n_cols: int, mode: int = 1) -> bool:
     """Whether thread 0's columns (coordinate `mode` of each: 1 = key, 0 = query for a transposed tile)
     are the SM90 accumulator's pattern 0, 1, 8, 9, 16, 17, ... (two adjacent columns every 8), known at
-    trace time. Memoized on the tensor object (the kernels pass one thread-0 view to every mask call, and
-    each index of it traces ops the passes then drop)."""
-    memo = getattr(coords0, "_fa4gen_fragment_columns", None)
-    if memo is None:
-        memo = {}
-        try:
-            coords0._fa4gen_fragment_columns = memo
-        except AttributeError:  # a tensor type without a __dict__: no memo, the same answer
-            pass
-    if (n_cols, mode) not in memo:
-        cols = [coords0[0, c][mode] for c in range(n_cols)]
-        memo[(n_cols, mode)] = (all(isinstance(col, int) for col in cols)
-                                and cols == [8 * (c // 2) + c % 2 for c in range(n_cols)])
-    return memo[(n_cols, mode)]
+    trace time."""
+    cols = [coords0[0, c][mode] for c in range(n_cols)]
+    return all(isinstance(col, int) for col in cols) and cols == [8 * (c // 2) + c % 2 for c in range(n_cols)]
 
 
 @cute.jit
