@@ -157,6 +157,7 @@ class FlashBwdSm90:
         tma_dk, mdK = cpasync.make_tiled_tma_atom(store, mdK, cute.slice_(sK_layout, stage0), (TILE_N, HEAD_DIM))
         tma_dv, mdV = cpasync.make_tiled_tma_atom(store, mdV, cute.slice_(sV_layout, stage0), (TILE_N, HEAD_DIM_V))
         self.q_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sQ_layout, stage0))
+        self.q_bytes += 2 * TILE_M * 4  # the block's LSE2 and D come with its Q (bulk copies, same mbarrier)
         self.do_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sdO_layout, stage0))
         self.kv_bytes = cute.size_in_bytes(DTYPE, cute.slice_(sK_layout, stage0)) + cute.size_in_bytes(
             DTYPE, cute.slice_(sV_layout, stage0)
@@ -173,6 +174,8 @@ class FlashBwdSm90:
             sV: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sV_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sPdS_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sPdS_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
         grid = (cute.ceil_div(mK.shape[0], TILE_N), cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
@@ -226,6 +229,8 @@ class FlashBwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sP = storage.sP.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
         sdS = storage.sdS.get_tensor(sPdS_layout.outer, swizzle=sPdS_layout.inner)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
+        sD = storage.sD.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
         m_min, m_max = mask.m_block_range(
             n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, window_left, window_right, Int32(1), **MASK
         )
@@ -256,6 +261,11 @@ class FlashBwdSm90:
                     pipe_q.producer_acquire(q_state)
                     cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, q_state.index],
                               tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    # the block's LSE2 and D (rows padded to whole tiles by the preprocess: +inf / 0)
+                    with cute.arch.elect_one():
+                        bar = pipe_q.producer_get_barrier(q_state)
+                        for src, dst in ((mLSE2_s, sLSE), (mD_s, sD)):
+                            hopper.load_bulk(dst[None, q_state.index].iterator, src.iterator + m_block * TILE_M, TILE_M * 4, bar)
                     q_state.advance()
                     pipe_do.producer_acquire(do_state)
                     cute.copy(tma_do, tdOgdO[None, m_block], tdOsdO[None, do_state.index],
@@ -265,8 +275,6 @@ class FlashBwdSm90:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
             wg_c = cute.arch.make_warp_uniform(warp_idx // 4 - 1)
-            # the LSE/D columns of this (batch, head), addressed once (bwd.held_view)
-            mLSE2_h, mD_h = bwd.held_view(mLSE2_s, mLSE2), bwd.held_view(mD_s, mD)
             thr_sdp = tiled_mma_sdp.get_slice(tidx_c)
             thr_dk = tiled_mma_dk.get_slice(tidx_c)
             thr_dv = tiled_mma_dv.get_slice(tidx_c)
@@ -337,13 +345,10 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
+                # the rows' LSE2 and D, bulk-copied with the Q stage (rows past seqlen_q padded: +inf / 0, so P = 0)
                 for r in cutlass.range_constexpr(n_rows):
-                    row = m_block * TILE_M + tScS_rc[r, 0][0]
-                    lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
-                    dsum[r] = Float32(0.0)
-                    if row < seqlen_q:
-                        lse2[r] = mLSE2_h[row]
-                        dsum[r] = mD_h[row]
+                    lse2[r] = sLSE[tScS_rc[r, 0][0], q_state.index]
+                    dsum[r] = sD[tScS_rc[r, 0][0], q_state.index]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -424,13 +429,10 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
+                # the rows' LSE2 and D, bulk-copied with the Q stage (rows past seqlen_q padded: +inf / 0, so P = 0)
                 for r in cutlass.range_constexpr(n_rows):
-                    row = m_block * TILE_M + tScS_rc[r, 0][0]
-                    lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
-                    dsum[r] = Float32(0.0)
-                    if row < seqlen_q:
-                        lse2[r] = mLSE2_h[row]
-                        dsum[r] = mD_h[row]
+                    lse2[r] = sLSE[tScS_rc[r, 0][0], q_state.index]
+                    dsum[r] = sD[tScS_rc[r, 0][0], q_state.index]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
@@ -507,13 +509,10 @@ class FlashBwdSm90:
                     cute.gemm(tiled_mma_sdp, acc_S, tSrQ_q[None, None, k], tSrK_0[None, None, k], acc_S)
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
                 warpgroup.commit_group()
+                # the rows' LSE2 and D, bulk-copied with the Q stage (rows past seqlen_q padded: +inf / 0, so P = 0)
                 for r in cutlass.range_constexpr(n_rows):
-                    row = m_block * TILE_M + tScS_rc[r, 0][0]
-                    lse2[r] = Float32.inf  # rows past seqlen_q: P = 0
-                    dsum[r] = Float32(0.0)
-                    if row < seqlen_q:
-                        lse2[r] = mLSE2_h[row]
-                        dsum[r] = mD_h[row]
+                    lse2[r] = sLSE[tScS_rc[r, 0][0], q_state.index]
+                    dsum[r] = sD[tScS_rc[r, 0][0], q_state.index]
                 pipe_do.consumer_wait(do_state)
                 warpgroup.fence()
                 tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)

@@ -348,8 +348,6 @@ class FlashBwdSm90:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
             wg_c = cute.arch.make_warp_uniform(warp_idx // 4 - 1)
-            # the LSE/D columns of this (batch, head), addressed once (bwd.held_view)
-            mLSE2_h, mD_h = bwd.held_view(mLSE2_s, mLSE2), bwd.held_view(mD_s, mD)
             thr_sdp = tiled_mma_sdp.get_slice(tidx_c)
             thr_dk = tiled_mma_dk.get_slice(tidx_c)
             thr_dv = tiled_mma_dv.get_slice(tidx_c)
