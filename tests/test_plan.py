@@ -648,6 +648,28 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     assert fwd((128, None), none, varlen=True).scheduler == "grid"
 
 
+@pytest.mark.parametrize("dims, softcap, expect", [
+    ((64, None), 0.0, True),  # Sᵀ
+    ((128, None), 0.0, True),  # Sᵀ
+    ((64, None), 20.0, False),  # S at 128 rows: registers at the edge (global loads, the spill state measured)
+    ((192, 128), 0.0, True),  # S, session 42
+    ((256, None), 20.0, True),
+])
+def test_backward_statistics_in_shared_memory(dims, softcap, expect):
+    """Where the backward bulk-copies LSE2 / D with each Q stage, its shared-memory sum carries them: 2 floats per
+    query row and Q stage (a plan without them would size the Q pipeline's transaction count wrong)."""
+    spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, softcap=softcap))
+    bwd = next(p for p in plan_kernels(spec, "sm90") if p.direction == "bwd" and not p.mha_only)
+    assert bwd.bwd_stats_in_smem == expect
+    d, dv, m, n = spec.head_dim, spec.head_dim_v, bwd.tile_m, bwd.tile_n
+    operands = (bwd.q_stages * m * d + bwd.do_stages * m * dv + n * (d + dv)
+                + bwd.pds_stages * (1 if bwd.swap_sdp else 2) * m * n) * 2
+    dq_cols = d if m == 128 else m if m % 64 else d // 2  # a warpgroup's fp32 dQ chunk: 64 rows x these
+    mbarriers = (2 * bwd.q_stages + 2 * bwd.do_stages + 2) * 8
+    stats = 2 * bwd.q_stages * m * 4 if expect else 0
+    assert bwd.smem_bytes == operands + bwd.dq_buffers * 64 * dq_cols * 4 + stats + mbarriers
+
+
 def test_backward_192_128_deterministic_takes_128_query_rows():
     """(192, 128) deterministic: 128 query rows x 64 keys per step, every mask and GQA included, within the
     shared memory budget (2 Q stages of 48 KB, dQ from registers); without determinism 64 rows (measured

@@ -140,6 +140,12 @@ class KernelPlan:
     def has_softcap(self) -> bool:
         return self.softcap > 0.0
 
+    @property
+    def bwd_stats_in_smem(self) -> bool:
+        """Backward: each query block's LSE2 / D bulk-copied with its Q stage into shared memory (else read from
+        global memory per block); see `bwd_stats_in_smem`."""
+        return bwd_stats_in_smem(self.head_dim, self.head_dim_v, self.swap_sdp)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -163,6 +169,15 @@ class KernelPlan:
             lines.append("  notes:")
             lines += [f"    {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def bwd_stats_in_smem(head_dim: int, head_dim_v: int, swap_sdp: bool) -> bool:
+    """Whether the sm90 backward reads its per-query LSE2 / D from shared memory, bulk-copied with each Q stage:
+    with Sᵀ (since session 7) and, since session 42, with S above head dim 64 (d256 / (192, 128): backward +2-6% on
+    the H200 against four global loads per block). Not for the d <= 64 softcap backward (S at 128 rows), whose
+    registers are at the edge: there ptxas spilled in 12 of 16 variants with the statistics in shared memory
+    (among them the plain MHA ones, clean before) against 8 with the global loads (CPU sweep, session 42)."""
+    return swap_sdp or max(head_dim, head_dim_v) > 64
 
 
 def problem(location: str, message: str) -> Problem:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fa4gen.plan.model import Budget, KernelPlan, PlanError, problem
+from fa4gen.plan.model import Budget, KernelPlan, PlanError, bwd_stats_in_smem, problem
 from fa4gen.plan.common import check_threshold, identity_fields, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
@@ -269,7 +269,7 @@ def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stage
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
         + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
         + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
-        + 2 * q_stages * tile_m * 4  # LSE2/D per Q stage (bulk-copied with Q)
+        + (2 * q_stages * tile_m * 4 if bwd_stats_in_smem(d, dv, swap) else 0)  # LSE2/D per Q stage (bulk-copied with Q)
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
 
@@ -410,7 +410,7 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     smem = _bwd_smem(spec, tile_m, tile_n, swap, *stages)
     # dK, dV, S, dP fragments + row statistics (per query column with Sᵀ) + addresses; a floor, not a
     # bound: ptxas decides, and the SASS tests check that no backward kernel spills
-    # LSE2/D come through shared memory (bulk-copied with Q); S holds its two rows' in registers, Sᵀ reads most at use
+    # LSE2/D through shared memory where bwd_stats_in_smem (bulk-copied with Q); S holds its rows' in registers
     stats = 2 if swap else 4
     regs = (tile_n * (d + dv) + 2 * tile_m * tile_n) // 256 + stats + REGS_BWD_OVERHEAD
     budgets = (
