@@ -435,6 +435,9 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         (f"S = Q·Kᵀ ({tile_n} keys per step): P and dS feed dV and dK from shared memory"
          + ("; dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P (head dims on WGMMA's M, 48 keys per warpgroup), stored transposed"
             if dkv_t else "")),
+        "LSE2 / D per query row: " + ("bulk-copied with each Q stage into shared memory" if bwd_stats_in_smem(d, dv, swap)
+                                      else "read from global memory per block (the registers of this tile are at "
+                                           "the edge: see fa4gen.plan.model.bwd_stats_in_smem)"),
         "dQ: fp32 tiles in fragment order, "
         + ("added into global memory from the consumers' registers (red.global.add.v4.f32, no hand-off buffer"
            + ("; a turn warp waits for the query block's turn and passes it after the adds" if spec.deterministic else "") + "), "
