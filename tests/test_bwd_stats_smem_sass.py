@@ -31,9 +31,10 @@ SPECS = {
 def test_block_loops_read_the_statistics_from_shared_memory(key, tmp_path):
     plan, sass = backward_main_sass(SPECS[key], tmp_path, f"stats_smem_{key}")
     assert not plan.swap_sdp
-    mma = [sum("HGMMA" in line for line in body) for body in loops(sass)]
+    bodies = loops(sass)
+    mma = [sum("HGMMA" in line for line in body) for body in bodies]
     # the per-block loops (masked and mask-free runs): those with all of a block's GEMMs
-    block_loops = [body for body, n in zip(loops(sass), mma) if n == max(mma)]
+    block_loops = [body for body, n in zip(bodies, mma) if n == max(mma)]
     assert max(mma) >= 8 and block_loops, "no MMA loop found in the backward's SASS"
     for body in block_loops:
         globals_ = [line.strip() for line in body if re.search(r"\bLDG\b", line)]  # not UTMALDG
