@@ -14,7 +14,8 @@ import torch
 
 import fa4gen
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / "tools"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in TOOLS.glob("*.py")))
@@ -198,3 +199,28 @@ def test_the_tiny_training_cases_run_a_step(tools_path):
         _stub(c.pkg._forward)
         grads = torch.autograd.grad(c.call(*c.inputs), c.inputs, c.dout)
         assert [g.shape for g in grads] == [t.shape for t in c.inputs], name
+
+
+def test_first_call_child_imports_the_fa4gen_pythonpath_names_first(tools_path, tmp_path, monkeypatch):
+    """tools/cold_first_call_ab.py puts a reference tree first on PYTHONPATH: the child `first_call` starts (run
+    from its cache folder, with `child_env`) must import that tree's fa4gen, not the project's (before session 44
+    it ran from the project root, where `python -c`'s working-directory entry shadowed the reference), and
+    without PYTHONPATH it must still find the project's."""
+    import launch_cost
+
+    ref = tmp_path / "ref" / "fa4gen"
+    ref.mkdir(parents=True)
+    (ref / "__init__.py").write_text("")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    code = "import fa4gen; print(fa4gen.__file__)"
+    for pythonpath, want in ((str(tmp_path / "ref"), ref / "__init__.py"), (None, ROOT / "fa4gen" / "__init__.py")):
+        if pythonpath is None:
+            monkeypatch.delenv("PYTHONPATH", raising=False)
+        else:
+            monkeypatch.setenv("PYTHONPATH", pythonpath)
+        r = subprocess.run([sys.executable, "-c", code], env=launch_cost.child_env(str(cache)), cwd=cache,
+                           capture_output=True, text=True, check=True)
+        assert Path(r.stdout.strip()).resolve() == want.resolve()
+    assert launch_cost._child_values("FA4GEN_FROM /a b/fa4gen/__init__.py\nFIRST_CALL_S 1.5\n") == {
+        "FA4GEN_FROM": "/a b/fa4gen/__init__.py", "FIRST_CALL_S": "1.5"}

@@ -25,10 +25,15 @@ def main(rounds: int = 3) -> None:
         raise SystemExit("no .ab/ref: run 'tools/ab_bench.sh prepare REF' first")
     base = os.environ.get("PYTHONPATH", "")
     for r in range(rounds):
-        for side in ("new", "ref"):
+        # the sides alternate their order (session 44, this tree on both sides by the bug launch_cost.child_env
+        # fixes: with cutlass imported first, the second side's compile read 0.82-0.96 of the first's in all
+        # four rounds)
+        for side in ("new", "ref") if r % 2 == 0 else ("ref", "new"):
             os.environ["PYTHONPATH"] = f"{ref}:{base}" if side == "ref" else base
             for pre in (True, False):
                 res = launch_cost.first_call(tempfile.mkdtemp(), preimport=pre)
+                if res["fa4gen_from"].startswith(ref + os.sep) != (side == "ref"):
+                    raise SystemExit(f"side {side}: fa4gen came from {res['fa4gen_from']}")
                 print((r, side, pre, res["first_call_s"], res["log"][-1] if res["log"] else ""), flush=True)
         os.environ["PYTHONPATH"] = base
         print(("fa4", r, launch_cost.fa4_first_call()), flush=True)

@@ -27,6 +27,7 @@ t0 = time.perf_counter()
 import tvm_ffi  # part of a cache hit's load: without torch's DLPack C exchange API it loads or builds an addon
 print("IMPORT_TVM_FFI_S", time.perf_counter() - t0)
 print("DLPACK_C_API", int(hasattr(torch.Tensor, "__dlpack_c_exchange_api__")))
+print("FA4GEN_FROM", fa4gen.__file__)  # the tree whose fa4gen ran (tools/cold_first_call_ab.py checks its side)
 pkg = fa4gen.build({spec!r})
 q = torch.randn(1, {seqlen}, 1, 128, device="cuda", dtype=torch.bfloat16)
 torch.cuda.synchronize()
@@ -57,7 +58,8 @@ print("FIRST_CALL_S", time.perf_counter() - t1)
 
 def _child_values(stdout: str) -> dict:
     """The `NAME number` lines a child process printed (CHILD, FA4_CHILD), as strings by name."""
-    return dict(ln.split() for ln in stdout.splitlines() if ln.endswith(tuple("0123456789")) and " " in ln)
+    return dict(ln.split(None, 1) for ln in stdout.splitlines()
+                if (ln.endswith(tuple("0123456789")) or ln.startswith("FA4GEN_FROM ")) and " " in ln)
 
 
 # the first call's shape (1, seqlen, 1, 128): 128 runs the persistent short-call kernel (fwd_sm90), LONG_SEQLEN
@@ -65,13 +67,23 @@ def _child_values(stdout: str) -> dict:
 LONG_SEQLEN = 8192
 
 
+def child_env(cache_dir: str) -> dict:
+    """The environment of a `first_call` child, which runs from `cache_dir`: `python -c` puts its working
+    directory first on sys.path, so run from the project root the project's fa4gen shadowed whatever PYTHONPATH
+    put first (tools/cold_first_call_ab.py's reference tree: until session 44 its "ref" side ran this tree).
+    The project root goes last on PYTHONPATH, so an earlier entry's fa4gen wins."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return dict(os.environ, FA4GEN_CACHE_DIR=cache_dir,
+                PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), root])))
+
+
 def first_call(cache_dir: str, preimport: bool = False, seqlen: int = 128) -> dict:
     """A fresh process's first call of SPEC on (1, seqlen, 1, 128) (a compile when `cache_dir` is empty, else a
     disk-cache load); `preimport`: cutlass imported before the clock starts, as flash-attn-4's first call finds it."""
-    env = dict(os.environ, FA4GEN_CACHE_DIR=cache_dir)
+    env = child_env(cache_dir)
     env.pop("FA4GEN_QUIET", None)  # the log line carries the cache-load time apart from the first launch
     r = subprocess.run([sys.executable, "-c", CHILD.format(spec=SPEC, preimport=preimport, seqlen=seqlen)], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=cache_dir)
     vals = _child_values(r.stdout)
     if "FIRST_CALL_S" not in vals:
         raise RuntimeError(r.stderr[-3000:])
@@ -80,7 +92,7 @@ def first_call(cache_dir: str, preimport: bool = False, seqlen: int = 128) -> di
             "cutlass_imported_by_the_call": bool(int(vals["CUTLASS_IMPORTED"])),
             "import_cutlass_after_s": round(float(vals["IMPORT_CUTLASS_S"]), 3),
             "import_tvm_ffi_before_s": round(float(vals["IMPORT_TVM_FFI_S"]), 3),
-            "torch_dlpack_c_api": bool(int(vals["DLPACK_C_API"])), "log": log}
+            "torch_dlpack_c_api": bool(int(vals["DLPACK_C_API"])), "fa4gen_from": vals["FA4GEN_FROM"], "log": log}
 
 
 def compiled_call(op, q, o) -> tuple:
