@@ -33,3 +33,29 @@ def test_ir_counts_reads_op_lines_regions_and_loads(tmp_path):
 def test_ir_counts_names_the_folder_when_nothing_was_kept(tmp_path):
     with pytest.raises(SystemExit, match="no \\*_clean.mlir"):
         _tool().ir_counts(tmp_path)
+
+
+def test_against_ref_names_the_missing_reference_tree(tmp_path, monkeypatch):
+    """--against-ref needs `tools/ab_bench.sh prepare REF`'s .ab/ref and says so, before any compile."""
+    tool = _tool()
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    with pytest.raises(SystemExit, match="no .ab/ref/fa4gen"):
+        tool.main(["--against-ref", "--rounds", "1"])
+
+
+def test_against_ref_stops_when_a_side_imported_the_other_tree(tmp_path, monkeypatch):
+    """Each child's RESULT names the fa4gen it imported: a reference side that ran this tree (as session 44 found
+    of tools/cold_first_call_ab.py) stops the run instead of printing a same-tree ratio."""
+    tool = _tool()
+    (tmp_path / ".ab" / "ref" / "fa4gen").mkdir(parents=True)
+    monkeypatch.setattr(tool, "ROOT", tmp_path)
+    seen = []
+
+    def child(code, env, passes=0, cwd=None):
+        seen.append((env["PYTHONPATH"].split(":")[0], cwd))
+        return dict(first_compile_s=1.0, trace_s=0.1, native_s=0.5, fa4gen_from=str(tmp_path / "fa4gen" / "__init__.py"))
+
+    monkeypatch.setattr(tool, "run_child", child)
+    with pytest.raises(SystemExit, match="side ref: fa4gen came from"):
+        tool.main(["--against-ref", "--rounds", "1"])
+    assert seen[-1][0] == str(tmp_path / ".ab" / "ref") and seen[-1][1] != tmp_path

@@ -15,7 +15,8 @@ under .device/anchors/, with quack and einops beside it), unpacked into a tempor
 module, which imports triton (not a dependency here) and which the forward does not use, is replaced by a
 stand-in in that child only.
 
-Run: `PYTHONPATH=. python tools/compile_time_cpu.py [--rounds 3] [--out FILE.json] [--pass-timing N]`. The H200's number is
+Run: `PYTHONPATH=. python tools/compile_time_cpu.py [--rounds 3] [--out FILE.json] [--pass-timing N]`;
+`--against-ref` times this tree against `tools/ab_bench.sh prepare REF`'s .ab/ref instead (paired, alternating). The H200's number is
 `tools/launch_cost.py`'s (cold_process_cutlass_imported against flash_attn_4_cold_process).
 """
 
@@ -97,7 +98,8 @@ plan = op.forward_plan("sm90", {seqlen_q})
 SPLIT.clear()
 t = time.perf_counter()
 op.function(plan)
-print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], **SPLIT)))
+print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], fa4gen_from=fa4gen.__file__,
+                                **SPLIT)))
 """
 
 # a child process's start with flash-attn-4 importable from its unpacked wheels (`site`; format-escaped braces)
@@ -123,8 +125,10 @@ with FakeTensorMode(allow_non_fake_inputs=True):
 """
 
 
-def run_child(code: str, env: dict, passes: int = 0) -> dict:
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+def run_child(code: str, env: dict, passes: int = 0, cwd: Path = ROOT) -> dict:
+    """One child's RESULT. `cwd`: with --against-ref a temporary folder, since `python -c` puts its working
+    directory first on sys.path and the project root would shadow the reference tree (session 44)."""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=cwd)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode != 0 or line is None:
         tail = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
@@ -174,7 +178,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ir-ops", action="store_true",
                     help="also count each kernel's MLIR after canonicalize + CSE (CuTe-DSL's KEEP=ir): op lines, "
                          "scf.if regions, register loads. Deterministic, where the times move +-25%% between runs")
+    ap.add_argument("--against-ref", action="store_true",
+                    help="time this tree against the reference tree of `tools/ab_bench.sh prepare REF` (.ab/ref) "
+                         "instead of flash-attn-4, same kernel, alternating order; prints paired ratios")
     args = ap.parse_args(argv)
+    if args.against_ref:
+        return against_ref(args)
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
     rows = {"fa4gen": [], "flash_attn_4": []}
@@ -209,6 +218,37 @@ def main(argv=None) -> int:
     print(f"medians over {args.rounds} rounds: {json.dumps(med)}; fa4gen / flash-attn-4 first compile {ratio}")
     if args.out:
         args.out.write_text(json.dumps(dict(rounds=rows, medians=med, ratio=ratio), indent=1))
+    return 0
+
+
+def against_ref(args) -> int:
+    """--against-ref: this tree's first compile against .ab/ref's, each child run from an empty folder with its
+    tree first on PYTHONPATH (each RESULT names the fa4gen it imported, checked here)."""
+    ref = ROOT / ".ab" / "ref"
+    if not (ref / "fa4gen").is_dir():
+        raise SystemExit("--against-ref: no .ab/ref/fa4gen (run 'tools/ab_bench.sh prepare REF' first)")
+    if args.rounds < 1:
+        raise SystemExit("--rounds: expected a positive count")
+    rows = {"fa4gen": [], "ref": []}
+    hook = HOOK + (PASS_HOOK if args.pass_timing else "")
+    with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
+        for rnd in range(args.rounds):
+            for name in ("fa4gen", "ref") if rnd % 2 == 0 else ("ref", "fa4gen"):
+                first = [str(ref)] if name == "ref" else []
+                env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FA4GEN_QUIET="1",
+                           FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache_{name}{rnd}"),
+                           PYTHONPATH=os.pathsep.join(filter(None, [*first, str(ROOT), os.environ.get("PYTHONPATH")])))
+                res = run_child(OURS.format(hook=hook, spec=SPEC, seqlen_q=args.seqlen_q), env, args.pass_timing, cwd=Path(tmp))
+                if Path(res["fa4gen_from"]).resolve().is_relative_to(ref.resolve()) != (name == "ref"):
+                    raise SystemExit(f"side {name}: fa4gen came from {res['fa4gen_from']}")
+                rows[name].append(res)
+                print(name, res, flush=True)
+    paired = {k: round(statistics.median(a[k] / b[k] for a, b in zip(rows["fa4gen"], rows["ref"])), 3)
+              for k in ("first_compile_s", "trace_s", "native_s")}
+    print(f"this tree / .ab/ref ({(ref / 'COMMIT').read_text().strip()[:12] if (ref / 'COMMIT').exists() else '?'}), "
+          f"paired medians over {args.rounds} rounds: {json.dumps(paired)}")
+    if args.out:
+        args.out.write_text(json.dumps(dict(rounds=rows, paired=paired), indent=1))
     return 0
 
 
