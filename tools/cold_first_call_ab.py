@@ -13,6 +13,7 @@ Run on the GPU machine: `source tools/device_env.sh; unset FA4GEN_QUIET; python3
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import launch_cost  # noqa: E402
@@ -32,7 +33,8 @@ def main(rounds: int = 3) -> None:
             os.environ["PYTHONPATH"] = f"{ref}:{base}" if side == "ref" else base
             for pre in (True, False):
                 res = launch_cost.first_call(tempfile.mkdtemp(), preimport=pre)
-                if res["fa4gen_from"].startswith(ref + os.sep) != (side == "ref"):
+                # (the same check as tools/compile_time_cpu.py --against-ref: symlinks resolved)
+                if Path(res["fa4gen_from"]).resolve().is_relative_to(Path(ref).resolve()) != (side == "ref"):
                     raise SystemExit(f"side {side}: fa4gen came from {res['fa4gen_from']}")
                 print((r, side, pre, res["first_call_s"], res["log"][-1] if res["log"] else ""), flush=True)
         os.environ["PYTHONPATH"] = base

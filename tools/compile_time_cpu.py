@@ -182,10 +182,10 @@ def main(argv=None) -> int:
                     help="time this tree against the reference tree of `tools/ab_bench.sh prepare REF` (.ab/ref) "
                          "instead of flash-attn-4, same kernel, alternating order; prints paired ratios")
     args = ap.parse_args(argv)
-    if args.against_ref:
-        return against_ref(args)
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
+    if args.against_ref:
+        return against_ref(args)
     rows = {"fa4gen": [], "flash_attn_4": []}
     hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
@@ -227,8 +227,6 @@ def against_ref(args) -> int:
     ref = ROOT / ".ab" / "ref"
     if not (ref / "fa4gen").is_dir():
         raise SystemExit("--against-ref: no .ab/ref/fa4gen (run 'tools/ab_bench.sh prepare REF' first)")
-    if args.rounds < 1:
-        raise SystemExit("--rounds: expected a positive count")
     rows = {"fa4gen": [], "ref": []}
     hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
