@@ -101,3 +101,27 @@ with open(Path(os.environ["LOG"]), "a") as f:
                                                "ref --cases 64:v512-512:n", "new --cases 64:v512-512:n"]
     assert "| 64, v512-512, n | 420.0 / 420.0 | 430.0 / 430.0 | 0.9767 |" in res.stdout
     assert (root / "out" / "ab" / "ab.md").is_file()
+
+
+def test_cases_with_a_value_head_dim_are_keyed_apart_from_the_square_head_dim(tmp_path):
+    """bwd_profile.py rows carry dv; a (192, 128) case and a 192 case of the same length are two cases."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rows = [dict(d=192, dv=dv, seqlen=16384, causal=True, fa4gen={OURS_MAIN: us}, fa4={FA4_MAIN: 100.0})
+            for dv, us in ((128, 90.0), (192, 120.0))] + [dict(d=64, seqlen=512, causal=False,  # rows before dv
+                                                                fa4gen={OURS_MAIN: 5.0}, fa4={FA4_MAIN: 5.0})]
+    (folder / "bwd_profile.json").write_text(json.dumps(rows))
+    cases = profile_compare.load(folder)
+    assert cases[("192x128", "16384", "y")]["fa4gen"] == (90.0, 90.0)  # (main kernel, whole backward) µs
+    assert cases[(192, "16384", "y")]["fa4gen"] == (120.0, 120.0)
+    assert (64, "512", "n") in cases
+
+
+def test_bwd_profile_cases_parse_head_dim_pairs_and_name_a_bad_case():
+    import bwd_profile  # (imports torch and fa4gen; its timing needs the GPU machine, its parsing does not)
+
+    assert bwd_profile._cases("192x128:16384:y, 64:v128-1024:n,128:2048:n") == [
+        (192, 128, "16384", True), (64, 64, "v128-1024", False), (128, 128, "2048", False)]
+    for bad in ("192x128:16384", "d128:2048:n", "128:2k:n", "128:2048:yes", "192x128:v128-1024:y", "128:v128:y"):
+        with pytest.raises(SystemExit, match=r"--cases: .*" + bad.split(":")[0]):
+            bwd_profile._cases(bad)

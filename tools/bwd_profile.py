@@ -3,13 +3,15 @@ flash-attn-4), from torch.profiler, per call. Splits the main kernel from the pr
 memsets and copies, so a gap to flash-attn-4 can be placed before tuning the main loop.
 
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bwd_profile.py --cases 128:8192:n,128:2048:n
---out $OUT/profile` (case = d:seqlen:causal y/n; batch 16384/seqlen, heads 2048/d as in bench_fwd.py).
+--out $OUT/profile` (case = d:seqlen:causal y/n, d as D or DxDV (head_dim x head_dim_v, e.g. 192x128:16384:y);
+batch 16384/seqlen, heads 2048/d as in bench_fwd.py).
 A seqlen written vLO-HI (e.g. 128:v128-1024:y) profiles a varlen backward instead: 16384 tokens packed from
 the sequence lengths tools/bench_varlen.py draws for that range, MHA, flash-attn-4's varlen function beside it.
 """
 
 import argparse
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fa4gen
-from bench_fwd import _bwd_spec, _fa4, _first, _warm_backward
+from bench_fwd import _bwd_spec, _dims, _fa4, _first, _warm_backward
 from bench_varlen import TOKENS, lengths, packed_kwargs
 
 ITERS = 10
@@ -42,12 +44,31 @@ def kernel_times(run, q, k, v) -> dict[str, float]:
     return dict(sorted(times.items(), key=lambda kv: -kv[1]))
 
 
-def _spec(d: int, s: str, causal: bool) -> dict:
+def _spec(d: int, dv: int, s: str, causal: bool) -> dict:
     """The fa4gen backward spec of a case: bench_fwd.py's, or with a varlen seqlen (vLO-HI) bench_varlen.py's."""
     if not s.startswith("v"):
-        return _bwd_spec(d, causal, False)
+        return _bwd_spec(d, causal, False, dv=dv)
     return dict(name=f"bench_varlen_bwd_d{d}_{'causal' if causal else 'full'}", targets=["sm90"], dtype="bf16",
                 head_dim=d, varlen=True, backward=True, allow_gqa=False, mask={"kind": "causal" if causal else "none"})
+
+
+def _cases(text: str) -> list[tuple[int, int, str, bool]]:
+    """--cases: comma list of d:seqlen:causal (d as D or DxDV, seqlen N or vLO-HI, causal y/n) as
+    (d, dv, seqlen, causal); a bad case exits naming it."""
+    cases = []
+    for case in (c.strip() for c in text.split(",") if c.strip()):
+        parts = case.split(":")
+        s = parts[1] if len(parts) == 3 else ""
+        ok_s = s.isdigit() or (s.startswith("v") and len(s[1:].split("-")) == 2 and
+                               all(x.isdigit() for x in s[1:].split("-")))
+        if len(parts) != 3 or not re.fullmatch(r"\d+(x\d+)?", parts[0]) or not ok_s or parts[2] not in ("y", "n"):
+            raise SystemExit(f"--cases: expected d:seqlen:causal (e.g. 128:8192:n, 192x128:16384:y, 64:v128-1024:y), "
+                             f"got {case!r}")
+        ((d, dv),) = _dims(parts[0])
+        if s.startswith("v") and dv != d:
+            raise SystemExit(f"--cases: {case!r}: varlen cases take one head dim (D), not DxDV")
+        cases.append((d, dv, s, parts[2] == "y"))
+    return cases
 
 
 def _fa4_varlen():
@@ -66,17 +87,17 @@ def main():
     ap.add_argument("--prebuild", type=int, default=0, metavar="N",
                     help="first compile the cases' fa4gen kernels in N processes (tools/prebuild.py)")
     args = ap.parse_args()
-    cases = [(int(d), s, c == "y") for d, s, c in (case.split(":") for case in args.cases.split(","))]
+    cases = _cases(args.cases)
     if args.prebuild:
         from prebuild import prebuild
 
-        prebuild([_spec(d, s, causal) for d, s, causal in cases], args.prebuild)
+        prebuild([_spec(d, dv, s, causal) for d, dv, s, causal in cases], args.prebuild)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     fa4 = _fa4()
     result = []
-    for d, s, causal in cases:
-        pkg = fa4gen.build(_spec(d, s, causal))
+    for d, dv, s, causal in cases:
+        pkg = fa4gen.build(_spec(d, dv, s, causal))
         h = 2048 // d
         if s.startswith("v"):
             lo, hi = (int(x) for x in s[1:].split("-"))
@@ -88,16 +109,17 @@ def main():
             if fa4v is not None:
                 impls["fa4"] = lambda q, k, v: _first(fa4v(q, k, v, causal=causal, **kw))
         else:
-            q, k, v = (torch.randn(16384 // int(s), int(s), h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            q, k, v = (torch.randn(16384 // int(s), int(s), h, w, device="cuda", dtype=torch.bfloat16) for w in (d, d, dv))
             impls = {"fa4gen": pkg.attention}
             if fa4 is not None:
                 impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
-            _warm_backward(pkg, d)  # (varlen: kernel_times' first, unprofiled backwards load the kernels)
-        row = {"d": d, "seqlen": s, "causal": causal}
+            _warm_backward(pkg, d, dv)  # (varlen: kernel_times' first, unprofiled backwards load the kernels)
+        row = {"d": d, "dv": dv, "seqlen": s, "causal": causal}
+        label = f"d{d}" if dv == d else f"d{d}x{dv}"
         for name, run in impls.items():
             row[name] = kernel_times(run, q, k, v)
             total = sum(row[name].values())
-            print(f"d{d} s{s} causal={causal} {name}: {total:.0f} us per backward")
+            print(f"{label} s{s} causal={causal} {name}: {total:.0f} us per backward")
             for kname, us in row[name].items():
                 print(f"    {us:9.1f} us  {100 * us / total:5.1f}%  {kname}")
         result.append(row)

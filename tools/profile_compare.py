@@ -35,7 +35,8 @@ def load(folder: Path) -> dict[tuple, dict]:
     rows = json.loads((folder / "bwd_profile.json").read_text())
     out = {}
     for r in rows:
-        key = (r["d"], str(r["seqlen"]), "y" if r["causal"] else "n")
+        d = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
+        key = (d, str(r["seqlen"]), "y" if r["causal"] else "n")
         case = {}
         for side in ("fa4gen", "fa4"):
             if r.get(side):
