@@ -14,7 +14,11 @@ flash_attn_func and SDPA's cuDNN and flash backends; --deterministic adds fa4gen
 backward. Outputs go to bench_bwd.{json,md} then (bench_fwd.* otherwise); each finished cell is also appended
 to bench_bwd.partial.jsonl (bench_fwd.partial.jsonl), which is what a run stopped by a timeout leaves.
 
-Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT [--bwd]`.
+--processes N runs the whole command in N fresh processes one after another and merges them per cell (the
+median TFLOP/s, the median of each process's own ratios, each implementation's spread): flash-attn-4's backward
+time moves by several percent from one process to the next (docs/PERF.md, session 46).
+
+Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT [--bwd] [--processes N]`.
 """
 
 import argparse
@@ -237,6 +241,9 @@ def main():
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
     ap.add_argument("--masks", default="none,causal", help="comma list of none, causal (grid rows to run)")
+    ap.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="run the whole command in N fresh processes one after another (out/proc_<i>) and merge "
+                         "them per cell: median TFLOP/s, median of the same-run ratios, each side's spread")
     ap.add_argument("--repeats", type=int, default=1,
                     help="time every cell this many times, each pass in a rotated implementation order; median")
     ap.add_argument("--softcap", type=float, default=0.0,
@@ -294,6 +301,8 @@ def main():
         sm90.BWD_STAGE_ORDER = (tuple(int(x) for x in args.bwd_stages.split(",")),) + sm90.BWD_STAGE_ORDER
     if args.gqa < 1 or any((2048 // d) % args.gqa for d, _ in _dims(args.dims)):
         raise SystemExit(f"--gqa: expected a positive count dividing every row's head count (2048 / d), got {args.gqa}")
+    if args.processes < 1 or (args.processes > 1 and args.ablation):
+        raise SystemExit(f"--processes: expected a count >= 1 (not with --ablation), got {args.processes}")
     if args.prebuild_only and not args.prebuild:
         raise SystemExit("--prebuild-only: give --prebuild N (the number of compile processes) too")
     if args.prebuild:
@@ -312,6 +321,8 @@ def main():
         raise SystemExit("bench_fwd.py times on the GPU machine (triton's do_bench is not importable here)")
     if args.ablation:
         return ablation(Path(args.out), args.ablation_dim)
+    if args.processes > 1:
+        return run_processes(args, Path(args.out))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = "bench_bwd" if args.bwd else "bench_fwd"
@@ -408,33 +419,148 @@ def main():
     (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "matmul_tflops_after": matmul_after,
                                                       "gpu": torch.cuda.get_device_name(),
                                                       "argv": sys.argv[1:], "rows": rows}, indent=1))
+    note = (f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
+            f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
+                                                         if args.gqa > 1 else "")
+            + (f"; causal rows are sliding windows of {args.window} keys left of the diagonal, none right"
+               if args.window is not None else "") + ("; forward specs with backward: true (LSE written)"
+                                                      if args.fwd_lse else ""))
+    lines = [note, "", *table(rows, args.bwd, args.deterministic)]
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def table(rows: list[dict], bwd: bool, deterministic: bool) -> list[str]:
+    """The markdown table of a run's rows (or of tools' merged rows): TFLOP/s per implementation, the ratios."""
     head = "| d | seqlen | causal | fa4gen | flash-attn-4 | cuDNN | SDPA flash | fa4gen/FA4 | fa4gen/best |"
-    if args.bwd:
+    if bwd:
         head += " bwd fa4gen | bwd FA4 | bwd cuDNN | bwd SDPA flash | bwd fa4gen/FA4 | bwd fa4gen/best |"
-        head += " bwd det | det/non-det | bwd FA4 det |" if args.deterministic else ""
+        head += " bwd det | det/non-det | bwd FA4 det |" if deterministic else ""
     head += " diff vs cuDNN |"
-    lines = [f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
-             f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
-                                                          if args.gqa > 1 else "")
-             + (f"; causal rows are sliding windows of {args.window} keys left of the diagonal, none right"
-                if args.window is not None else "") + ("; forward specs with backward: true (LSE written)"
-                                                       if args.fwd_lse else ""),
-             "", head, "|---" * (head.count("|") - 1) + "|"]
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
-        dims = r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
-        line = (f"| {dims} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
+        line = (f"| {_dims_label(r)} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['fa4gen']} | {r.get('fa4')} | "
                 f"{r['cudnn']} | {r['sdpa_flash']} | {r['vs_fa4']} | {r['vs_best']} |")
-        if args.bwd:
+        if bwd:
             line += (f" {r['fa4gen_bwd']} | {r.get('fa4_bwd')} | {r['cudnn_bwd']} | {r['sdpa_flash_bwd']} | "
                      f"{r['bwd_vs_fa4']} | {r['bwd_vs_best']} |")
-            line += f" {r.get('fa4gen_det_bwd')} | {r.get('det_vs_nondet')} | {r.get('fa4_det_bwd')} |" if args.deterministic else ""
+            line += f" {r.get('fa4gen_det_bwd')} | {r.get('det_vs_nondet')} | {r.get('fa4_det_bwd')} |" if deterministic else ""
         # largest |fa4gen - cuDNN| of the outputs (and of the gradients, after the slash): the run's check
         diff = r.get("max_abs_diff_vs_cudnn")
         line += f" {'-' if diff is None else f'{diff:.3g}'}"
         line += f" / {r['bwd_max_abs_diff_vs_cudnn']:.3g} |" if r.get("bwd_max_abs_diff_vs_cudnn") is not None else " |"
         lines.append(line)
-    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
+
+
+def _dims_label(r: dict):
+    return r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
+
+
+# TFLOP/s columns of a row (per implementation) and its same-run ratio columns, as main() writes them
+TFLOPS_COLUMNS = ("fa4gen", "fa4", "cudnn", "sdpa_flash", "fa4gen_bwd", "fa4_bwd", "cudnn_bwd", "sdpa_flash_bwd",
+                  "fa4gen_det_bwd", "fa4_det_bwd")
+RATIO_COLUMNS = ("vs_fa4", "vs_best", "bwd_vs_fa4", "bwd_vs_best", "det_vs_nondet")
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Rows of several processes' runs (each a bench_*.json: every cell timed side by side in that one process)
+    merged per cell: each TFLOP/s column the median over the processes that have it, with its range
+    (`<column>_range`, [min, max]); each ratio column the median of the processes' own same-run ratios (not a
+    ratio of medians), with their range too; diffs against cuDNN the largest. Cells in the order of the first run
+    that has them; `processes` counts the runs that have the cell."""
+    cells: dict[tuple, list[dict]] = {}
+    for run in runs:
+        for r in run["rows"]:
+            cells.setdefault((r["d"], r.get("dv", r["d"]), r["seqlen"], r["causal"]), []).append(r)
+    rows = []
+    for same in cells.values():
+        row = dict(same[0])
+        row["processes"] = len(same)
+        for col in TFLOPS_COLUMNS + RATIO_COLUMNS:
+            values = [r[col] for r in same if r.get(col) is not None]
+            if col in row or values:
+                row[col] = round(statistics.median(values), 3 if col in RATIO_COLUMNS else 1) if values else None
+                row[f"{col}_range"] = [min(values), max(values)] if values else None
+        for col in ("max_abs_diff_vs_cudnn", "bwd_max_abs_diff_vs_cudnn"):
+            values = [r[col] for r in same if r.get(col) is not None]
+            if values:
+                row[col] = max(values)
+        rows.append(row)
+    return {"processes": len(runs), "gpu": runs[0].get("gpu") if runs else None,
+            "matmul_tflops": [run.get("matmul_tflops") for run in runs],
+            "matmul_tflops_after": [run.get("matmul_tflops_after") for run in runs], "rows": rows}
+
+
+def spread_table(rows: list[dict], bwd: bool) -> list[str]:
+    """Per cell, each implementation's TFLOP/s range over the processes (max / min - 1) and the range of the
+    same-run fa4gen / flash-attn-4 ratio: which side's time moved between processes."""
+    cols = ["fa4gen", "fa4", "cudnn"] + (["fa4gen_bwd", "fa4_bwd", "cudnn_bwd"] if bwd else [])
+    names = {"fa4gen": "fa4gen", "fa4": "FA4", "cudnn": "cuDNN"}
+    head = ("| d | seqlen | causal | processes | " + " | ".join(
+        (f"bwd {names[c[:-4]]}" if c.endswith("_bwd") else names[c]) + " spread" for c in cols)
+        + " | fa4gen/FA4 range |" + (" bwd fa4gen/FA4 range |" if bwd else ""))
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
+
+    def spread(r, col):
+        lo_hi = r.get(f"{col}_range")
+        return f"{100 * (lo_hi[1] / lo_hi[0] - 1):.1f}%" if lo_hi and lo_hi[0] else "-"
+
+    def span(r, col):
+        lo_hi = r.get(f"{col}_range")
+        return f"{lo_hi[0]}–{lo_hi[1]}" if lo_hi else "-"
+
+    for r in rows:
+        line = (f"| {_dims_label(r)} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | {r['processes']} | "
+                + " | ".join(spread(r, c) for c in cols) + f" | {span(r, 'vs_fa4')} |")
+        line += f" {span(r, 'bwd_vs_fa4')} |" if bwd else ""
+        lines.append(line)
+    return lines
+
+
+def run_processes(args, out_dir: Path, work_dir: Path | None = None) -> None:
+    """--processes N: this command's run in N fresh processes one after another (each the protocol's one-process
+    run, into a temporary folder), merged after each into out_dir/bench_*.{json,md} (merge_runs; the JSON keeps
+    every process's own run under "runs", so a device call returns two files). flash-attn-4's backward time moved
+    by up to 9.5% between processes where fa4gen's moved 1.1% (docs/PERF.md, session 46), so a cell near 1.0x read
+    in one process can flip. flash-attn-4 keeps its compiled kernels on disk between the processes
+    (FLASH_ATTENTION_CUTE_DSL_CACHE_*, unless set), fa4gen loads its own from its cache."""
+    import os
+    import subprocess
+    import tempfile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = "bench_bwd" if args.bwd else "bench_fwd"
+    env = dict(os.environ)
+    env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    env.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(Path(tempfile.gettempdir()) / "fa4gen_bench_fa4_cache"))
+    work_dir = work_dir or Path(tempfile.mkdtemp(prefix="fa4gen_bench_processes_"))
+    runs, failed = [], []
+    for i in range(1, args.processes + 1):
+        proc_dir = work_dir / f"proc_{i}"
+        cmd = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:],
+               "--out", str(proc_dir), "--processes", "1", "--prebuild", "0"]
+        print(f"process {i} of {args.processes}: {proc_dir}", flush=True)
+        if subprocess.run(cmd, env=env).returncode != 0 or not (proc_dir / f"{stem}.json").exists():
+            failed.append(i)
+            continue
+        runs.append(json.loads((proc_dir / f"{stem}.json").read_text()))
+        merged = merge_runs(runs)
+        merged.update(argv=sys.argv[1:], runs=runs)
+        (out_dir / f"{stem}.json").write_text(json.dumps(merged, indent=1))
+        lines = [f"{len(runs)} process(es) of `tools/bench_fwd.py {' '.join(sys.argv[1:])}`, each timing every cell "
+                 f"side by side in one run; TFLOP/s: the median over the processes; ratios: the median of each "
+                 f"process's own ratios. bf16 8192^3 matmul per process: "
+                 + ", ".join(f"{a} -> {b}" for a, b in zip(merged["matmul_tflops"], merged["matmul_tflops_after"])),
+                 "", *table(merged["rows"], args.bwd, args.deterministic), "",
+                 "Spread over the processes:", "", *spread_table(merged["rows"], args.bwd)]
+        (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    if failed:
+        print(f"processes {failed} failed or wrote no {stem}.json (see their output above)")
+    if runs:
+        print((out_dir / f"{stem}.md").read_text())
+    else:
+        raise SystemExit("--processes: no process finished")
 
 
 ABLATION = {
