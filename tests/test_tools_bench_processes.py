@@ -85,3 +85,10 @@ def test_processes_argument_checked():
     res = subprocess.run([sys.executable, str(root / "tools" / "bench_fwd.py"), "--processes", "0"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin"})
     assert res.returncode != 0 and "--processes: expected a count >= 1" in res.stderr, res.stderr[-500:]
+
+
+def test_forward_specs_of_hand_set_tiles_are_named_apart():
+    """Two rows that differ only in a hand-set tile are two specs (names key the generated packages)."""
+    bench = load_tool("bench_fwd")
+    names = {bench._fwd_spec(64, False, tile_m=m, tile_n=n)["name"] for m in ("auto", 128, 192) for n in ("auto", 64)}
+    assert len(names) == 6 and "bench_d64_full_m128_n64" in names

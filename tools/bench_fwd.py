@@ -110,7 +110,8 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softca
     if causal and window is not None:
         mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
-                     f"{f'_n{tile_n}' if tile_n != 'auto' else ''}{f'_w{window}' if causal and window is not None else ''}"
+                     f"{f'_m{tile_m}' if tile_m != 'auto' else ''}{f'_n{tile_n}' if tile_n != 'auto' else ''}"
+                     f"{f'_w{window}' if causal and window is not None else ''}"
                      f"{'_lse' if lse else ''}",
                 targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask, backward=lse,
                 softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n})
