@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fa4gen
-from bench_fwd import _bwd_spec, _dims, _fa4, _first, _warm_backward
+from bench_fwd import _bwd_spec, _fa4, _first, _warm_backward
 from bench_varlen import TOKENS, lengths, packed_kwargs
 
 ITERS = 10
@@ -57,17 +57,14 @@ def _cases(text: str) -> list[tuple[int, int, str, bool]]:
     (d, dv, seqlen, causal); a bad case exits naming it."""
     cases = []
     for case in (c.strip() for c in text.split(",") if c.strip()):
-        parts = case.split(":")
-        s = parts[1] if len(parts) == 3 else ""
-        ok_s = s.isdigit() or (s.startswith("v") and len(s[1:].split("-")) == 2 and
-                               all(x.isdigit() for x in s[1:].split("-")))
-        if len(parts) != 3 or not re.fullmatch(r"\d+(x\d+)?", parts[0]) or not ok_s or parts[2] not in ("y", "n"):
+        m = re.fullmatch(r"(\d+)(?:x(\d+))?:(\d+|v\d+-\d+):([yn])", case)
+        if m is None:
             raise SystemExit(f"--cases: expected d:seqlen:causal (e.g. 128:8192:n, 192x128:16384:y, 64:v128-1024:y), "
                              f"got {case!r}")
-        ((d, dv),) = _dims(parts[0])
+        d, dv, s, causal = int(m[1]), int(m[2] or m[1]), m[3], m[4] == "y"
         if s.startswith("v") and dv != d:
             raise SystemExit(f"--cases: {case!r}: varlen cases take one head dim (D), not DxDV")
-        cases.append((d, dv, s, parts[2] == "y"))
+        cases.append((d, dv, s, causal))
     return cases
 
 
