@@ -29,12 +29,12 @@ CASES = {  # name: (head dim, mask, varlen, softcap); LDL/STL before in the comm
 }
 
 
-def _forward_plan(d, mask, varlen=False, softcap=0.0, tile_m="auto", name="ns"):
+def _forward_plan(d, mask, varlen=False, softcap=0.0, tile_m="auto", name="ns", tile_n="auto"):
     from fa4gen.plan import plan_kernels
     from fa4gen.spec import spec_from_dict
 
     spec = spec_from_dict(dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, mask=mask, varlen=varlen,
-                               softcap=softcap, pipeline={"tile_m": tile_m}))
+                               softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n}))
     return spec, plan_kernels(spec, "sm90")[0]
 
 
@@ -114,13 +114,13 @@ def test_masked_persistent_key_block_loops_stay_lean(name, compiled):
 
 
 def test_p_of_a_tile_n_80_block_converts_in_pairs_without_prmt(tmp_path):
-    """At tile_n 80 (head dim 256) a thread's P is 40 values: converted as one vector they lowered to single
+    """At tile_n 80 (head dim 256's auto tile before session 47) a thread's P is 40 values: converted as one vector they lowered to single
     conversions that ptxas paired with a PRMT each (20 per key block, 504 instructions); `frag.convert` converts
     them in vectors of 8, packed two per F2FP (483)."""
     from fa4gen.builder import compile_for_sass
     from fa4gen.compile.sass import loops
 
-    spec, plan = _forward_plan(256, {"kind": "none"}, name="pairs")
+    spec, plan = _forward_plan(256, {"kind": "none"}, name="pairs", tile_n=80)
     assert plan.tile_n == 80
     ((_, report, sass),) = compile_for_sass(spec, [plan], tmp_path, "pairs_gen")
     assert report.status == "compiled", report.detail

@@ -77,7 +77,7 @@ def _expected_smem(d: dict) -> int:
     """Shared memory the grid point needs by hand: Q tile + K/V stages (barriers excluded)."""
     head_dim = d["head_dim"]
     head_dim_v = d.get("head_dim_v") or head_dim
-    auto_n = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}[head_dim]
+    auto_n = {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}[head_dim]
     tile_n = d["pipeline"].get("tile_n", auto_n)
     stages = d["pipeline"].get("kv_stages", "auto")
     stages = 2 if stages == "auto" else stages
