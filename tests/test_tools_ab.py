@@ -114,3 +114,37 @@ def test_ab_compare_prefers_the_finished_json(tmp_path):
     text = (tmp_path / "ab.md").read_text()
     assert "| 128 | 1024 | n | 120.0 | 100.0 | 1.200 |" in text
     assert "1 runs each" in text
+
+
+def test_ab_bench_gives_each_ab_of_a_call_its_own_archive(tmp_path):
+    """Two A/Bs in one device call: the second one's runs go to ab_2.tgz, so the first's ab.tgz survives (session
+    47 lost one A/B's runs when both refreshed the same archive). Runs tools/ab_bench.sh itself, with a stand-in
+    benchmark script that only writes its --out folder."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tarfile
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path / "tree"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy(repo / "tools" / "ab_bench.sh", root / "tools" / "ab_bench.sh")
+    (root / "tools" / "stand_in.py").write_text(
+        "import sys, pathlib\nout = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "out.mkdir(parents=True)\n(out / 'run.md').write_text('| cell |\\n')\n")
+    (root / ".ab" / "ref").mkdir(parents=True)
+    (root / ".ab" / "ref" / "COMMIT").write_text("0" * 40 + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": os.pathsep.join((str(Path(sys.executable).parent), "/usr/bin", "/bin")), "PYTHONPATH": str(repo), "OUT": str(out), "AB_SCRIPT": "stand_in.py",
+           "HOME": str(tmp_path)}
+    for _ in range(2):
+        done = subprocess.run(["bash", str(root / "tools" / "ab_bench.sh"), "run", "2"], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["ab.tgz", "ab_2.tgz"]
+    for name in ("ab.tgz", "ab_2.tgz"):
+        with tarfile.open(out / name) as tar:
+            names = set(tar.getnames())
+        assert {"ab/new_1/run.md", "ab/ref_1/run.md", "ab/new_2/run.md", "ab/ref_2/run.md"} <= names, names

@@ -5,7 +5,7 @@
 #   here:        tools/ab_bench.sh prepare REF        # REF's fa4gen/ and templates/ into .ab/ (ignored)
 #   on the GPU:  source tools/device_env.sh; tools/ab_bench.sh run [ROUNDS] -- BENCH_FWD_ARGS...
 #                (carry [".device", ".ab"]; prints tools/ab_compare.py; with $OUT set, the runs go to
-#                /tmp/fa4gen_ab/ab/{new,ref}_N/ and $OUT/ab.tgz holds them, refreshed after every run, so a
+#                /tmp/fa4gen_ab/ab/{new,ref}_N/ and $OUT/ab.tgz holds them (a call's later A/Bs: ab_2.tgz, ...), refreshed after every run, so a
 #                call stopped by its timeout still returns each finished run and the last one's finished
 #                cells (ab_compare.py reads those too) in one file: a call returns at most 8 files)
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
@@ -43,7 +43,10 @@ case "${1:-}" in
     [[ -f "$root/.ab/ref/COMMIT" ]] || { echo "no .ab/ref: run 'tools/ab_bench.sh prepare REF' first" >&2; exit 2; }
     out=$root/out/ab
     if [[ -n "${OUT:-}" ]]; then out=/tmp/fa4gen_ab/ab; rm -rf "$out"; fi
-    pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/ab.tgz.tmp" -C "$(dirname "$out")" ab && mv "$OUT/ab.tgz.tmp" "$OUT/ab.tgz"; true; }
+    # one archive per A/B: a call's second A/B writes ab_2.tgz rather than replacing the first's ab.tgz
+    archive=ab.tgz
+    if [[ -n "${OUT:-}" ]]; then n=2; while [[ -e "$OUT/$archive" ]]; do archive=ab_$n.tgz; n=$((n + 1)); done; fi
+    pack() { [[ -n "${OUT:-}" ]] && tar czf "$OUT/$archive.tmp" -C "$(dirname "$out")" ab && mv "$OUT/$archive.tmp" "$OUT/$archive"; true; }
     script=${AB_SCRIPT:-bench_fwd.py}
     [[ -f "$root/tools/$script" ]] || { echo "AB_SCRIPT: no tools/$script" >&2; exit 2; }
     # the comparison reads fa4gen and flash-attn-4 only: cuDNN and SDPA's flash go untimed (AB_ALL=1 keeps them)
