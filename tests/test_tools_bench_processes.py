@@ -88,7 +88,11 @@ def test_processes_argument_checked():
 
 
 def test_forward_specs_of_hand_set_tiles_are_named_apart():
-    """Two rows that differ only in a hand-set tile are two specs (names key the generated packages)."""
+    """Two rows that differ only in a hand-set tile (or K/V stage count) are two specs (names key the generated
+    packages)."""
     bench = load_tool("bench_fwd")
     names = {bench._fwd_spec(64, False, tile_m=m, tile_n=n)["name"] for m in ("auto", 128, 192) for n in ("auto", 64)}
     assert len(names) == 6 and "bench_d64_full_m128_n64" in names
+    staged = bench._fwd_spec(64, False, kv_stages=4)
+    assert staged["name"] == "bench_d64_full_s4" and staged["pipeline"]["kv_stages"] == 4
+    assert bench._fwd_spec(64, False)["pipeline"]["kv_stages"] == "auto"

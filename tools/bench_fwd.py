@@ -101,7 +101,7 @@ def _dims(text: str) -> list[tuple[int, int]]:
 
 
 def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
-              tile_n="auto", window: int | None = None, lse: bool = False) -> dict:
+              tile_n="auto", window: int | None = None, lse: bool = False, kv_stages="auto") -> dict:
     """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles). window: the causal rows
     become sliding windows of `window` keys left of the diagonal (Gemma 2's local layers: left 4095, right 0);
     lse: the spec has backward: true, so the forward also writes the LSE (what a training spec compiles)."""
@@ -111,10 +111,11 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softca
         mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
                      f"{f'_m{tile_m}' if tile_m != 'auto' else ''}{f'_n{tile_n}' if tile_n != 'auto' else ''}"
+                     f"{f'_s{kv_stages}' if kv_stages != 'auto' else ''}"
                      f"{f'_w{window}' if causal and window is not None else ''}"
                      f"{'_lse' if lse else ''}",
                 targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask, backward=lse,
-                softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n})
+                softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n, "kv_stages": kv_stages})
 
 
 def _causal_keys(s: int, window: int | None) -> float:
@@ -222,7 +223,8 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
         return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap,
                          args.gqa > 1 or args.bwd_allow_gqa)
 
-    fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse)
+    fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse,
+                    args.kv_stages)
     return fwd, bwd(False) if args.bwd else None, bwd(True) if args.bwd and args.deterministic else None
 
 
@@ -260,6 +262,8 @@ def main():
                     help="forward pipeline.tile_m of fa4gen's grid kernels (auto, 128 or 192)")
     ap.add_argument("--tile-n", default="auto", type=lambda t: t if t == "auto" else int(t),
                     help="forward pipeline.tile_n of fa4gen's grid kernels (auto or a multiple of 16 the plan accepts)")
+    ap.add_argument("--kv-stages", default="auto", type=lambda t: t if t == "auto" else int(t),
+                    help="forward pipeline.kv_stages of fa4gen's grid kernels (auto = 2, or a count the shared memory fits)")
     ap.add_argument("--bwd-stages", default=None,
                     help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
