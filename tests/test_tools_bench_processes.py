@@ -1,12 +1,14 @@
 """tools/bench_fwd.py --processes: several one-process runs merged per cell (medians, same-run ratios, spreads),
 on made-up runs (no GPU)."""
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from conftest import load_tool
 
 
@@ -96,3 +98,23 @@ def test_forward_specs_of_hand_set_tiles_are_named_apart():
     staged = bench._fwd_spec(64, False, kv_stages=4)
     assert staged["name"] == "bench_d64_full_s4" and staged["pipeline"]["kv_stages"] == 4
     assert bench._fwd_spec(64, False)["pipeline"]["kv_stages"] == "auto"
+
+
+def test_pipeline_fields_reach_the_forward_spec_and_its_name():
+    """--pipeline FIELD=JSON sets any forward pipeline field for plan-only A/Bs; two runs that differ only there build
+    two packages (the name carries a hash of the fields); a bad field or value stops the run before any GPU work,
+    naming the field."""
+    bench = load_tool("bench_fwd")
+    assert bench._pipeline_field("rescale_threshold=0") == ("rescale_threshold", 0)
+    assert bench._pipeline_field('poly_exp={"share":0.25,"degree":3}') == ("poly_exp", {"share": 0.25, "degree": 3})
+    for bad in ("ping_pong", "=1", "ping_pong=fals"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench._pipeline_field(bad)
+    off = bench._fwd_spec(64, False, pipeline={"ping_pong": False})
+    assert off["pipeline"]["ping_pong"] is False and off["name"].startswith("bench_d64_full_p")
+    assert off["name"] != bench._fwd_spec(64, False, pipeline={"ping_pong": True})["name"]
+    assert bench._fwd_spec(64, False, pipeline={})["name"] == "bench_d64_full"
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "tools" / "bench_fwd.py"), "--pipeline", "ping_pongg=false"],
+                         capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin"})
+    assert res.returncode != 0 and "pipeline.ping_pongg: unknown field" in res.stderr, res.stderr[-500:]

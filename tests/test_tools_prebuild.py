@@ -74,7 +74,7 @@ def test_bench_run_specs_are_the_rows_specs():
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="128,192x128", masks="none,causal", bwd=True, deterministic=True, bwd_swap_ab=False,
                            softcap=0.0, gqa=4, tile_m="auto", tile_n="auto", window=None, fwd_lse=False,
-                           kv_stages="auto")
+                           kv_stages="auto", pipeline={})
     specs = bench.run_specs(args)
     assert len(specs) == 2 * 2 * 3
     assert [s["name"] for s in specs[:3]] == ["bench_d128_full", "bench_bwd_d128_full_gqa", "bench_bwd_det_d128_full_gqa"]
@@ -95,7 +95,7 @@ def test_bench_window_rows_are_gemma_style_specs_with_exact_flops():
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="256", masks="none,causal", bwd=False, deterministic=False, bwd_swap_ab=False,
                            softcap=50.0, gqa=2, tile_m="auto", tile_n="auto", window=4095, fwd_lse=True,
-                           kv_stages="auto")
+                           kv_stages="auto", pipeline={})
     full, win = bench.run_specs(args)
     assert full["mask"] == {"kind": "none"} and full["backward"] is True
     assert win["mask"] == {"kind": "sliding_window", "left": 4095, "right": 0} and win["name"].endswith("_w4095_lse")

@@ -18,6 +18,10 @@ to bench_bwd.partial.jsonl (bench_fwd.partial.jsonl), which is what a run stoppe
 median TFLOP/s, the median of each process's own ratios, each implementation's spread): flash-attn-4's backward
 time moves by several percent from one process to the next (docs/PERF.md, session 46).
 
+--tile-m, --tile-n, --kv-stages and --pipeline FIELD=JSON (any forward pipeline field) change fa4gen's forward
+specs only, for plan-only A/Bs of one tree (`AB_NEW_ARGS="--pipeline ping_pong=false" tools/ab_bench.sh run ...`;
+AB_NEW_ARGS splits on spaces, so write JSON without them).
+
 Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py --out $OUT [--bwd] [--processes N]`.
 """
 
@@ -27,6 +31,7 @@ import statistics
 import sys
 import math
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -100,22 +105,37 @@ def _dims(text: str) -> list[tuple[int, int]]:
     return dims
 
 
+def _pipeline_field(text: str) -> tuple[str, object]:
+    """--pipeline FIELD=JSON: (field, value). Only the syntax is checked here; the spec model checks the field."""
+    field, eq, value = text.partition("=")
+    if not eq or not field.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected FIELD=JSON (e.g. ping_pong=false), got {text!r}")
+    try:
+        return field, json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"{field}: the value is not JSON ({err.msg}): {value!r}") from None
+
+
 def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
-              tile_n="auto", window: int | None = None, lse: bool = False, kv_stages="auto") -> dict:
+              tile_n="auto", window: int | None = None, lse: bool = False, kv_stages="auto",
+              pipeline: dict | None = None) -> dict:
     """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles). window: the causal rows
     become sliding windows of `window` keys left of the diagonal (Gemma 2's local layers: left 4095, right 0);
-    lse: the spec has backward: true, so the forward also writes the LSE (what a training spec compiles)."""
+    lse: the spec has backward: true, so the forward also writes the LSE (what a training spec compiles).
+    pipeline: further spec pipeline fields (--pipeline), applied last; the name carries a hash of them."""
     dv = dv or d
+    extra = dict(pipeline or {})
+    tag = f"_p{zlib.crc32(json.dumps(extra, sort_keys=True).encode()):08x}" if extra else ""
     mask = {"kind": "causal" if causal else "none"}
     if causal and window is not None:
         mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
                      f"{f'_m{tile_m}' if tile_m != 'auto' else ''}{f'_n{tile_n}' if tile_n != 'auto' else ''}"
-                     f"{f'_s{kv_stages}' if kv_stages != 'auto' else ''}"
+                     f"{f'_s{kv_stages}' if kv_stages != 'auto' else ''}{tag}"
                      f"{f'_w{window}' if causal and window is not None else ''}"
                      f"{'_lse' if lse else ''}",
                 targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask, backward=lse,
-                softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n, "kv_stages": kv_stages})
+                softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n, "kv_stages": kv_stages, **extra})
 
 
 def _causal_keys(s: int, window: int | None) -> float:
@@ -224,7 +244,7 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
                          args.gqa > 1 or args.bwd_allow_gqa)
 
     fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse,
-                    args.kv_stages)
+                    args.kv_stages, args.pipeline)
     return fwd, bwd(False) if args.bwd else None, bwd(True) if args.bwd and args.deterministic else None
 
 
@@ -264,6 +284,10 @@ def main():
                     help="forward pipeline.tile_n of fa4gen's grid kernels (auto or a multiple of 16 the plan accepts)")
     ap.add_argument("--kv-stages", default="auto", type=lambda t: t if t == "auto" else int(t),
                     help="forward pipeline.kv_stages of fa4gen's grid kernels (auto = 2, or a count the shared memory fits)")
+    ap.add_argument("--pipeline", action="append", default=[], metavar="FIELD=JSON", type=_pipeline_field,
+                    help="a forward pipeline field of fa4gen's grid kernels, its value as JSON (repeatable; e.g. "
+                         "ping_pong=false, rescale_threshold=0, 'poly_exp={\"share\":0.25,\"degree\":3}'); the spec "
+                         "model checks the field and value when the run builds")
     ap.add_argument("--bwd-stages", default=None,
                     help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
@@ -291,6 +315,14 @@ def main():
                          "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
                          "only fa4gen and flash-attn-4")
     args = ap.parse_args()
+    args.pipeline = dict(args.pipeline)
+    if args.pipeline:  # checked by the spec model now, not when the first kernel builds
+        from fa4gen.spec import SpecError, spec_from_dict
+
+        try:
+            spec_from_dict(_fwd_spec(64, False, pipeline=args.pipeline), source="--pipeline")
+        except SpecError as err:
+            raise SystemExit(str(err)) from None
     skip = {name for name in args.skip.split(",") if name}
     if not skip <= {"cudnn", "sdpa_flash"}:
         raise SystemExit(f"--skip: expected a comma list of cudnn, sdpa_flash; got {args.skip!r}")
