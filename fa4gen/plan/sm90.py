@@ -22,9 +22,9 @@ REGS_CONSUMER = {2: 240, 3: 160}
 # Registers a consumer thread needs besides the S/P/O fragments (addresses, row stats, loop state);
 # measured from ptxas on the d128 kernel and rounded up.
 REGS_OVERHEAD = 32
-# Above d192, 64 keys rather than 80 (session 47, H200, same-tree A/B of the hand-set tile, docs/PERF.md): d256
-# without a mask / causal +6% / +7% at s512 (512 keys fill 8 blocks of 64; 7 blocks of 80 computed 560), +1-5% at
-# s1k-8k; its key-block loop is 444 SASS instructions per 64 keys against 483 per 80, no LDL/STL.
+# Above d192, 64 keys rather than 80 (session 47, H200, same-tree A/Bs, docs/PERF.md): d256 without a mask / causal
+# +6% / +8% at s512 (512 keys fill 8 blocks of 64; 7 blocks of 80 computed 560), +1-5% at s1k, +3-5% at s2k, level
+# at s8k-16k; its key-block loop is 444 SASS instructions per 64 keys against 483 per 80, no LDL/STL.
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}
 PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the compile-time stand-in for the persistent grid's size (the API
 # passes the GPU's SM count at run time; any count is correct)
