@@ -287,7 +287,7 @@ def main():
     ap.add_argument("--pipeline", action="append", default=[], metavar="FIELD=JSON", type=_pipeline_field,
                     help="a forward pipeline field of fa4gen's grid kernels, its value as JSON (repeatable; e.g. "
                          "ping_pong=false, rescale_threshold=0, 'poly_exp={\"share\":0.25,\"degree\":3}'); the spec "
-                         "model checks the field and value when the run builds")
+                         "model checks the fields before the run starts, the planner each head dim's plan")
     ap.add_argument("--bwd-stages", default=None,
                     help="with --bwd: try these backward stages first, 'Q,dO,PdS,dQbuf' (e.g. 1,1,2,2; an experiment: "
                          "fa4gen.plan.sm90.BWD_STAGE_ORDER gets it in front, the plan still checks the fit)")
