@@ -29,12 +29,27 @@ def test_ab_compare_means_and_ratios(tmp_path, capsys):
     _run(tmp_path / "ref_2", [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)])
     _tool().main([str(tmp_path)])
     text = (tmp_path / "ab.md").read_text()
-    assert "| 128 | 2048 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 | 1.200 | 1.000 |" in text
+    assert "| 128 | 2048 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 (~) | 1.200 | 1.000 |" in text
     assert "| 128 | 2048 | y | 90.0 / 90.0 | 100.0 / 100.0 | 0.900 | 0.900 | 1.000 |" in text
     assert f"geometric mean new/ref {math.sqrt(1.2 * 0.9):.3f} over 2 cells, 2 runs each" in text
     assert f"raw (the sides' own numbers) {math.sqrt(1.2 * 0.9):.3f}" in text  # flash-attn-4 flat here: the same
     assert "fa4gen_bwd" not in text  # no backward columns in these runs
     assert text.strip() == capsys.readouterr().out.strip()
+
+
+def test_ab_compare_marks_a_cell_resting_on_one_outlying_run(tmp_path):
+    """Session 47: a ref run at 753.7 TFLOP/s against its twin's 707.1 made a cell read new/ref 0.958 while the new
+    side matched the twin. A side whose runs of a cell are more than 4% apart marks the cell "(~)" and the table
+    explains the mark; cells whose runs agree (here 2% apart) stay unmarked."""
+    _run(tmp_path / "new_1", [(256, 8192, True, 706.4, 100.0), (256, 2048, True, 597.6, 100.0)])
+    _run(tmp_path / "ref_1", [(256, 8192, True, 753.7, 100.0), (256, 2048, True, 585.9, 100.0)])
+    _run(tmp_path / "ref_2", [(256, 8192, True, 707.1, 100.0), (256, 2048, True, 575.0, 100.0)])
+    _run(tmp_path / "new_2", [(256, 8192, True, 692.4, 100.0), (256, 2048, True, 602.4, 100.0)])
+    _tool().main([str(tmp_path)])
+    text = (tmp_path / "ab.md").read_text()
+    assert "| 256 | 8192 | y | 706.4 / 692.4 | 753.7 / 707.1 | 0.958 (~) |" in text
+    assert "| 256 | 2048 | y | 597.6 / 602.4 | 585.9 / 575.0 | 1.034 |" in text
+    assert "(~): one side's runs of the cell more than 4% apart" in text and "(!):" not in text
 
 
 def test_ab_compare_needs_both_sides(tmp_path):
@@ -67,7 +82,7 @@ def test_ab_compare_cancels_clock_drift_between_runs(tmp_path):
     _run(tmp_path / "new_2", [(128, 8192, False, 99.0, 90.0)])
     _tool().main([str(tmp_path)])
     text = (tmp_path / "ab.md").read_text()
-    assert "| 128 | 8192 | n | 110.0 / 99.0 | 100.0 / 105.0 | 1.024 | 1.050 | 1.025 |" in text
+    assert "| 128 | 8192 | n | 110.0 / 99.0 | 100.0 / 105.0 | 1.024 (~) | 1.050 | 1.025 |" in text
     assert "(per round 1.000, 1.048)" in text
 
 
@@ -99,7 +114,7 @@ def test_ab_compare_reads_a_run_cut_short(tmp_path):
         json.dumps({"d": 64, "seqlen": 4096, "causal": False, "fa4gen": 130.0, "fa4": 100.0}) + "\n")
     _tool().main([str(tmp_path)])
     text = (tmp_path / "ab.md").read_text()
-    assert "| 64 | 4096 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 | 1.200 | 1.000 | 1.200 |" in text
+    assert "| 64 | 4096 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 (~) | 1.200 | 1.000 | 1.200 |" in text
     assert "| 64 | 4096 | y | 100.0 | 100.0 / 100.0 | 1.000 (1 new / 2 ref runs) | 1.000 | 1.000 | 1.000 |" in text
     assert "(per round, over the 1 cells every run finished: 1.100, 1.300)" in text
 

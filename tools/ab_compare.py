@@ -48,6 +48,10 @@ def runs(ab_dir: Path, side: str) -> list[dict[tuple, dict]]:
 
 # new/ref through flash-attn-4 and the raw ratio differing by more than this marks a cell "(!)"
 RAW_DISAGREES = 0.03
+# one side's own runs of a cell further apart than this (max / min - 1) mark its new/ref "(~)": a cell resting on
+# one outlying run (session 47: a ref run 753.7 against 707.1, the cell's new/ref 0.958). 4% is about the 90th
+# percentile of a side's spread over the stored A/B archives (tools/ab_spread.py, session 46: 3.8-4.4%)
+SIDE_SPREAD = 0.04
 
 
 def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
@@ -87,8 +91,9 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str
         raws.append(raw)
         mark = " (!)" if same_run and abs(ratio / raw - 1) > RAW_DISAGREES else ""
         runs_note = "" if complete else f" ({len(nr)} new / {len(fr)} ref runs)"
+        wide = " (~)" if any(len(x) > 1 and max(x) / min(x) - 1 > SIDE_SPREAD for x in (n, f)) else ""
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
-                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f}{runs_note} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
+                     f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f}{runs_note}{wide} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
     return lines, ratios, per_round, raws
 
 
@@ -116,6 +121,11 @@ def main(argv: list[str] | None = None):
             out += lines + ["", f"{col}: geometric mean new/ref {gm:.3f} over {len(ratios)} cells, {count}"
                             f"{spread}; ratios to the same run's flash-attn-4; raw (the sides' own numbers) "
                             f"{gm_raw:.3f}", ""]
+            notes = [f"(~): one side's runs of the cell more than {SIDE_SPREAD:.0%} apart (an outlying run moves "
+                     "its new/ref)" if any("(~)" in ln for ln in lines) else "",
+                     f"(!): new/ref through flash-attn-4 and the raw ratio more than {RAW_DISAGREES:.0%} apart"
+                     if any("(!)" in ln for ln in lines) else ""]
+            out += [n for n in notes if n] + ([""] if any(notes) else [])
     text = "\n".join(out)
     (args.dir / "ab.md").write_text(text + "\n")
     print(text)
