@@ -22,6 +22,14 @@ def _run(path: Path, rows):
         {"d": d, "seqlen": s, "causal": c, "fa4gen": ours, "fa4": fa4} for d, s, c, ours, fa4 in rows]}))
 
 
+def _compare(tmp_path: Path, sides: dict) -> str:
+    """Writes each run of `sides` ({"new_1": rows, ...}), compares them, returns ab.md."""
+    for name, rows in sides.items():
+        _run(tmp_path / name, rows)
+    _tool().main([str(tmp_path)])
+    return (tmp_path / "ab.md").read_text()
+
+
 def test_ab_compare_means_and_ratios(tmp_path, capsys):
     _run(tmp_path / "new_1", [(128, 2048, False, 110.0, 100.0), (128, 2048, True, 90.0, 100.0)])
     _run(tmp_path / "new_2", [(128, 2048, False, 130.0, 100.0), (128, 2048, True, 90.0, 100.0)])
@@ -41,12 +49,10 @@ def test_ab_compare_marks_a_cell_resting_on_one_outlying_run(tmp_path):
     """Session 47: a ref run at 753.7 TFLOP/s against its twin's 707.1 made a cell read new/ref 0.958 while the new
     side matched the twin. A side whose runs of a cell are more than 4% apart marks the cell "(~)" and the table
     explains the mark; cells whose runs agree (here 2% apart) stay unmarked."""
-    _run(tmp_path / "new_1", [(256, 8192, True, 706.4, 100.0), (256, 2048, True, 597.6, 100.0)])
-    _run(tmp_path / "ref_1", [(256, 8192, True, 753.7, 100.0), (256, 2048, True, 585.9, 100.0)])
-    _run(tmp_path / "ref_2", [(256, 8192, True, 707.1, 100.0), (256, 2048, True, 575.0, 100.0)])
-    _run(tmp_path / "new_2", [(256, 8192, True, 692.4, 100.0), (256, 2048, True, 602.4, 100.0)])
-    _tool().main([str(tmp_path)])
-    text = (tmp_path / "ab.md").read_text()
+    text = _compare(tmp_path, {"new_1": [(256, 8192, True, 706.4, 100.0), (256, 2048, True, 597.6, 100.0)],
+                               "ref_1": [(256, 8192, True, 753.7, 100.0), (256, 2048, True, 585.9, 100.0)],
+                               "ref_2": [(256, 8192, True, 707.1, 100.0), (256, 2048, True, 575.0, 100.0)],
+                               "new_2": [(256, 8192, True, 692.4, 100.0), (256, 2048, True, 602.4, 100.0)]})
     assert "| 256 | 8192 | y | 706.4 / 692.4 | 753.7 / 707.1 | 0.958 (~) |" in text
     assert "| 256 | 2048 | y | 597.6 / 602.4 | 585.9 / 575.0 | 1.034 |" in text
     assert "(~): one side's runs of the cell more than 4% apart" in text and "(!):" not in text
