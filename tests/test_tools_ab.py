@@ -31,12 +31,11 @@ def _compare(tmp_path: Path, sides: dict) -> str:
 
 
 def test_ab_compare_means_and_ratios(tmp_path, capsys):
-    _run(tmp_path / "new_1", [(128, 2048, False, 110.0, 100.0), (128, 2048, True, 90.0, 100.0)])
-    _run(tmp_path / "new_2", [(128, 2048, False, 130.0, 100.0), (128, 2048, True, 90.0, 100.0)])
-    _run(tmp_path / "ref_1", [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)])
-    _run(tmp_path / "ref_2", [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)])
-    _tool().main([str(tmp_path)])
-    text = (tmp_path / "ab.md").read_text()
+    text = _compare(tmp_path, {
+        "new_1": [(128, 2048, False, 110.0, 100.0), (128, 2048, True, 90.0, 100.0)],
+        "new_2": [(128, 2048, False, 130.0, 100.0), (128, 2048, True, 90.0, 100.0)],
+        "ref_1": [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)],
+        "ref_2": [(128, 2048, False, 100.0, 100.0), (128, 2048, True, 100.0, 100.0)]})
     assert "| 128 | 2048 | n | 110.0 / 130.0 | 100.0 / 100.0 | 1.200 (~) | 1.200 | 1.000 |" in text
     assert "| 128 | 2048 | y | 90.0 / 90.0 | 100.0 / 100.0 | 0.900 | 0.900 | 1.000 |" in text
     assert f"geometric mean new/ref {math.sqrt(1.2 * 0.9):.3f} over 2 cells, 2 runs each" in text
@@ -50,9 +49,9 @@ def test_ab_compare_marks_a_cell_resting_on_one_outlying_run(tmp_path):
     side matched the twin. A side whose runs of a cell are more than 4% apart marks the cell "(~)" and the table
     explains the mark; cells whose runs agree (here 2% apart) stay unmarked."""
     text = _compare(tmp_path, {"new_1": [(256, 8192, True, 706.4, 100.0), (256, 2048, True, 597.6, 100.0)],
-                               "ref_1": [(256, 8192, True, 753.7, 100.0), (256, 2048, True, 585.9, 100.0)],
-                               "ref_2": [(256, 8192, True, 707.1, 100.0), (256, 2048, True, 575.0, 100.0)],
-                               "new_2": [(256, 8192, True, 692.4, 100.0), (256, 2048, True, 602.4, 100.0)]})
+        "ref_1": [(256, 8192, True, 753.7, 100.0), (256, 2048, True, 585.9, 100.0)],
+        "ref_2": [(256, 8192, True, 707.1, 100.0), (256, 2048, True, 575.0, 100.0)],
+        "new_2": [(256, 8192, True, 692.4, 100.0), (256, 2048, True, 602.4, 100.0)]})
     assert "| 256 | 8192 | y | 706.4 / 692.4 | 753.7 / 707.1 | 0.958 (~) |" in text
     assert "| 256 | 2048 | y | 597.6 / 602.4 | 585.9 / 575.0 | 1.034 |" in text
     assert "(~): one side's runs of the cell more than 4% apart" in text and "(!):" not in text
@@ -82,12 +81,11 @@ def test_ab_compare_cancels_clock_drift_between_runs(tmp_path):
     """The H200's clock moves between processes (the matmul rate 729 -> 794 TFLOP/s in 7 minutes, session
     13): a new run on a 10% faster clock is no faster relative to flash-attn-4 in the same run, so new/ref is
     1.0, not 1.1; the per-round spread is printed."""
-    _run(tmp_path / "new_1", [(128, 8192, False, 110.0, 110.0)])
-    _run(tmp_path / "ref_1", [(128, 8192, False, 100.0, 100.0)])
-    _run(tmp_path / "ref_2", [(128, 8192, False, 105.0, 100.0)])
-    _run(tmp_path / "new_2", [(128, 8192, False, 99.0, 90.0)])
-    _tool().main([str(tmp_path)])
-    text = (tmp_path / "ab.md").read_text()
+    text = _compare(tmp_path, {
+        "new_1": [(128, 8192, False, 110.0, 110.0)],
+        "ref_1": [(128, 8192, False, 100.0, 100.0)],
+        "ref_2": [(128, 8192, False, 105.0, 100.0)],
+        "new_2": [(128, 8192, False, 99.0, 90.0)]})
     assert "| 128 | 8192 | n | 110.0 / 99.0 | 100.0 / 105.0 | 1.024 (~) | 1.050 | 1.025 |" in text
     assert "(per round 1.000, 1.048)" in text
 
@@ -95,12 +93,11 @@ def test_ab_compare_cancels_clock_drift_between_runs(tmp_path):
 def test_ab_compare_marks_a_cell_whose_raw_ratio_disagrees(tmp_path):
     """One ref run's flash-attn-4 cell far off (session 16: 520.6 TFLOP/s against 464-483): the same-run ratio
     says new is 13% faster, the raw TFLOP/s say equal; the table marks the cell instead of hiding it."""
-    _run(tmp_path / "new_1", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
-    _run(tmp_path / "ref_1", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
-    _run(tmp_path / "ref_2", [(128, 2048, True, 100.0, 130.0), (64, 512, True, 100.0, 100.0)])
-    _run(tmp_path / "new_2", [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)])
-    _tool().main([str(tmp_path)])
-    text = (tmp_path / "ab.md").read_text()
+    text = _compare(tmp_path, {
+        "new_1": [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)],
+        "ref_1": [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)],
+        "ref_2": [(128, 2048, True, 100.0, 130.0), (64, 512, True, 100.0, 100.0)],
+        "new_2": [(128, 2048, True, 100.0, 100.0), (64, 512, True, 100.0, 100.0)]})
     assert "| 128 | 2048 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.130 | 1.000 | 0.885 | 1.000 (!) |" in text
     assert "| 64 | 512 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.000 | 1.000 | 1.000 | 1.000 |" in text
     # the summary gives both readings: through flash-attn-4 (sqrt(1.13 * 1.0)) and raw (equal)
