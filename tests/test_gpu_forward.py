@@ -45,6 +45,9 @@ EXTRA = {
     # (test_long_calls_run_the_192_row_kernel; session 13's coverage audit: no test call had reached one)
     "x_fp16_d64_window_softcap": dict(dtype="fp16", head_dim=64, softcap=20.0, return_lse=True,
                                       mask={"kind": "sliding_window", "left": 300, "right": 40}),
+    # head dims 129-192 run 96-key blocks since session 48: d192 with a mask and softcap
+    "x_bf16_d192_causal_softcap": dict(dtype="bf16", head_dim=192, mask={"kind": "causal"}, softcap=30.0,
+                                       return_lse=True),
     # head dims 208 / 240: the producer takes 40 registers, the consumers 232 (their forwards spilled at 24)
     "x_bf16_d208_chunked_softcap": dict(dtype="bf16", head_dim=208, softcap=20.0, return_lse=True,
                                         mask={"kind": "chunked", "chunk_size": 96}),

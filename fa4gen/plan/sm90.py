@@ -25,7 +25,9 @@ REGS_OVERHEAD = 32
 # Above d192, 64 keys rather than 80 (session 47, H200, same-tree A/Bs, docs/PERF.md): d256 without a mask / causal
 # +6% / +8% at s512 (512 keys fill 8 blocks of 64; 7 blocks of 80 computed 560), +1-5% at s1k, +3-5% at s2k, level
 # at s8k-16k; its key-block loop is 444 SASS instructions per 64 keys against 483 per 80, no LDL/STL.
-AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 64}
+# Head dims 129-192: 96 keys rather than 112 (session 48, H200, same-tree A/B against 112, docs/PERF.md): d192
+# s1k +8% / +2.5% (no mask / causal), s4k level.
+AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
 PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the compile-time stand-in for the persistent grid's size (the API
 # passes the GPU's SM count at run time; any count is correct)
 
@@ -43,6 +45,8 @@ def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
     if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128) and spec.mask.kind != "sliding_window":
         # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there; 112 with a window)
         tile_n = 128
+    elif spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128):
+        tile_n = 112  # (192, 128) with a window: measured at 112 (sessions 35-43), not yet at 96
     return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
 
 
