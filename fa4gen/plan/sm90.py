@@ -25,8 +25,9 @@ REGS_OVERHEAD = 32
 # Above d192, 64 keys rather than 80 (session 47, H200, same-tree A/Bs, docs/PERF.md): d256 without a mask / causal
 # +6% / +8% at s512 (512 keys fill 8 blocks of 64; 7 blocks of 80 computed 560), +1-5% at s1k, +3-5% at s2k, level
 # at s8k-16k; its key-block loop is 444 SASS instructions per 64 keys against 483 per 80, no LDL/STL.
-# Head dims 129-192: 96 keys rather than 112 (session 48, H200, same-tree A/B against 112, docs/PERF.md): d192
-# s1k +8% / +2.5% (no mask / causal), s4k level.
+# Head dims 129-192: 96 keys rather than 112 (session 48, H200, same-tree A/Bs against 112, docs/PERF.md): d192
+# s512-16k with and without a causal mask, raw TFLOP/s ratio >= 1.000 in all 12 cells (geometric mean ~1.02; s1k +7%,
+# causal s512 / s2k +3-4%). Padding explains s1k (96: 11 blocks = 1,056 keys, 112: 10 = 1,120), not s512 (576 / 560).
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
 PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the compile-time stand-in for the persistent grid's size (the API
 # passes the GPU's SM count at run time; any count is correct)
