@@ -209,7 +209,7 @@ PERSISTENT_MAX_SEQLEN_Q = 4096
 
 
 # Where the persistent forward is planned: head dims up to 160 without a mask (64/96/128 ran on the H200 in sessions 14-15; 144 and
-# 160, with 112-key blocks, fit Q, O and two K/V stages in shared memory and compile without LDL/STL: CPU sweep,
+# 160, with 112-key blocks (96 since session 48), fit Q, O and two K/V stages in shared memory and compile without LDL/STL: CPU sweep,
 # session 15; d160 measured +11% at s512, +1.4% at 1k and 2k, same-run A/B, session 17; d192 and up leave no room
 # for O's own buffer), and key blocks of at most 160 (a CPU spill sweep of
 # hand-set tiles, session 14: with 192 keys the tile loop's state spills 16-21 LDL/STL at d64 and d128, its grid
