@@ -102,6 +102,21 @@ def test_ab_compare_marks_a_cell_whose_raw_ratio_disagrees(tmp_path):
     assert "| 64 | 512 | y | 100.0 / 100.0 | 100.0 / 100.0 | 1.000 | 1.000 | 1.000 | 1.000 |" in text
     # the summary gives both readings: through flash-attn-4 (sqrt(1.13 * 1.0)) and raw (equal)
     assert "geometric mean new/ref 1.063 over 2 cells" in text and "raw (the sides' own numbers) 1.000" in text
+    # and names the run whose flash-attn-4 reading is the outlier (session 48 had to unpack the archive for it)
+    assert ("(!) 128 s2048 causal: flash-attn-4 100.0 / 100.0 (new runs), 100.0 / 130.0 (ref runs); ref run 2 "
+            "(130.0) is +30% from their median: read the raw ratio") in text
+    assert "(!) 64" not in text
+
+
+def test_ab_compare_fa4_note_without_one_outlier(tmp_path):
+    """A "(!)" cell whose flash-attn-4 readings drift together (no run more than 4% from their median) lists them
+    without blaming a run."""
+    text = _compare(tmp_path, {
+        "new_1": [(64, 1024, False, 100.0, 100.0)], "ref_1": [(64, 1024, False, 100.0, 102.5)],
+        "new_2": [(64, 1024, False, 100.0, 98.0)], "ref_2": [(64, 1024, False, 100.0, 103.0)]})
+    assert "| 1.038 | 1.010 | 0.973 | 1.000 (!) |" in text
+    note = next(line for line in text.splitlines() if line.startswith("(!) 64 s1024 no mask"))
+    assert note == "(!) 64 s1024 no mask: flash-attn-4 100.0 / 98.0 (new runs), 102.5 / 103.0 (ref runs)"
 
 
 def test_ab_compare_reads_a_run_cut_short(tmp_path):

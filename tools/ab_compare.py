@@ -7,7 +7,8 @@ Each side's runs are separate processes whose clocks drift (the matmul rate move
 and falls back
 to raw TFLOP/s only where flash-attn-4 did not run. The last column is the raw ratio of the means, marked
 when it differs from new/ref by more than 3%: then one run's flash-attn-4 cell was an outlier (session 16:
-520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look.
+520.6 TFLOP/s against 464-483 in the other runs) or the clocks drifted, and the cell needs a second look: a line
+under the table lists that cell's flash-attn-4 reading in every run and names one more than 4% from their median.
 Reads DIR/{new,ref}_N/bench_{fwd,bwd}.json, or a run's bench_*.partial.jsonl where a timeout stopped it before
 its JSON (a cell some run did not finish is compared over the runs that have it, its row says how many, and the
 per-round spread counts only the cells every run has); writes DIR/ab.md. Runs anywhere: `python3 tools/ab_compare.py DIR`.
@@ -60,10 +61,28 @@ def _relative(run: dict, cell: tuple, col: str, fa4_col: str) -> float:
     return row[col] / row[fa4_col] if row.get(fa4_col) else row[col]
 
 
+def fa4_note(cell: tuple, nr: list[dict], fr: list[dict], fa4_col: str) -> str:
+    """For a "(!)" cell: every run's flash-attn-4 TFLOP/s, and the one furthest from their median when it is more
+    than SIDE_SPREAD away (session 48: one ref run's 193.1 against 246.8-252.2 made a cell read 0.911 through
+    flash-attn-4 while the raw ratio read 1.040; finding that run took unpacking the archive)."""
+    readings = [(f"new run {i + 1}", r[cell][fa4_col]) for i, r in enumerate(nr)]
+    readings += [(f"ref run {i + 1}", r[cell][fa4_col]) for i, r in enumerate(fr)]
+    values = sorted(v for _, v in readings)
+    median = (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+    name, worst = max(readings, key=lambda nv: abs(nv[1] / median - 1))
+    text = (f"(!) {cell[0]} s{cell[1]} {'causal' if cell[2] == 'y' else 'no mask'}: flash-attn-4 "
+            f"{' / '.join(f'{v:.1f}' for _, v in readings[:len(nr)])} (new runs), "
+            f"{' / '.join(f'{v:.1f}' for _, v in readings[len(nr):])} (ref runs)")
+    if abs(worst / median - 1) > SIDE_SPREAD:
+        text += f"; {name} ({worst:.1f}) is {worst / median - 1:+.0%} from their median: read the raw ratio"
+    return text
+
+
 def table(new: list[dict], ref: list[dict], col: str, fa4_col: str
-          ) -> tuple[list[str], list[float], list[list[float]], list[float]]:
+          ) -> tuple[list[str], list[float], list[list[float]], list[float], list[str]]:
     """(markdown lines, new/ref per cell, new/ref per round pair for the cells every run has, raw new/ref per
-    cell: the means of the sides' own numbers, not through flash-attn-4).
+    cell: the means of the sides' own numbers, not through flash-attn-4; a note per "(!)" cell naming each run's
+    flash-attn-4 reading).
 
     A cell that some run did not finish (a call cut short) is compared over the runs that have it, and
     its row says how many; it stays out of the per-round spread."""
@@ -73,7 +92,7 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str
     cells = [c for c in order if any(has(r, c) for r in new) and any(has(r, c) for r in ref)]
     lines = [f"| d | seqlen | causal | new ({col}) | ref ({col}) | new/ref | new/FA4 | ref/FA4 | raw new/ref |",
              "|---" * 9 + "|"]
-    ratios, per_round, raws = [], [], []
+    ratios, per_round, raws, notes = [], [], [], []
     for c in cells:
         nr, fr = [r for r in new if has(r, c)], [r for r in ref if has(r, c)]
         n = [r[c][col] for r in nr]
@@ -90,11 +109,13 @@ def table(new: list[dict], ref: list[dict], col: str, fa4_col: str
         raw = mean(n) / mean(f)
         raws.append(raw)
         mark = " (!)" if same_run and abs(ratio / raw - 1) > RAW_DISAGREES else ""
+        if mark:
+            notes.append(fa4_note(c, nr, fr, fa4_col))
         runs_note = "" if complete else f" ({len(nr)} new / {len(fr)} ref runs)"
         wide = " (~)" if any(len(x) > 1 and max(x) / min(x) - 1 > SIDE_SPREAD for x in (n, f)) else ""
         lines.append(f"| {c[0]} | {c[1]} | {c[2]} | {' / '.join(f'{x:.1f}' for x in n)} | "
                      f"{' / '.join(f'{x:.1f}' for x in f)} | {ratio:.3f}{runs_note}{wide} | {vs(rn)} | {vs(rf)} | {raw:.3f}{mark} |")
-    return lines, ratios, per_round, raws
+    return lines, ratios, per_round, raws, notes
 
 
 def main(argv: list[str] | None = None):
@@ -110,7 +131,7 @@ def main(argv: list[str] | None = None):
     # (the deterministic backward, with --deterministic, against flash-attn-4's non-deterministic one)
     for col, fa4_col in (("fa4gen", "fa4"), ("fa4gen_bwd", "fa4_bwd"), ("fa4gen_det_bwd", "fa4_bwd")):
         if all(r and any(row.get(col) is not None for row in r.values()) for r in new + ref):
-            lines, ratios, per_round, raws = table(new, ref, col, fa4_col)
+            lines, ratios, per_round, raws, fa4_notes = table(new, ref, col, fa4_col)
             gm = math.exp(mean(math.log(x) for x in ratios))
             gm_raw = math.exp(mean(math.log(x) for x in raws))
             pairs = min(len(new), len(ref)) if per_round else 0
@@ -125,6 +146,7 @@ def main(argv: list[str] | None = None):
                      "its new/ref)" if any("(~)" in ln for ln in lines) else "",
                      f"(!): new/ref through flash-attn-4 and the raw ratio more than {RAW_DISAGREES:.0%} apart"
                      if any("(!)" in ln for ln in lines) else ""]
+            notes += fa4_notes
             out += [n for n in notes if n] + ([""] if any(notes) else [])
     text = "\n".join(out)
     (args.dir / "ab.md").write_text(text + "\n")
