@@ -18,7 +18,7 @@ import argparse
 import json
 import math
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 
 
 def load(path: Path) -> dict[tuple, dict]:
@@ -67,14 +67,13 @@ def fa4_note(cell: tuple, nr: list[dict], fr: list[dict], fa4_col: str) -> str:
     flash-attn-4 while the raw ratio read 1.040; finding that run took unpacking the archive)."""
     readings = [(f"new run {i + 1}", r[cell][fa4_col]) for i, r in enumerate(nr)]
     readings += [(f"ref run {i + 1}", r[cell][fa4_col]) for i, r in enumerate(fr)]
-    values = sorted(v for _, v in readings)
-    median = (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
-    name, worst = max(readings, key=lambda nv: abs(nv[1] / median - 1))
+    mid = median(v for _, v in readings)
+    name, worst = max(readings, key=lambda nv: abs(nv[1] / mid - 1))
     text = (f"(!) {cell[0]} s{cell[1]} {'causal' if cell[2] == 'y' else 'no mask'}: flash-attn-4 "
             f"{' / '.join(f'{v:.1f}' for _, v in readings[:len(nr)])} (new runs), "
             f"{' / '.join(f'{v:.1f}' for _, v in readings[len(nr):])} (ref runs)")
-    if abs(worst / median - 1) > SIDE_SPREAD:
-        text += f"; {name} ({worst:.1f}) is {worst / median - 1:+.0%} from their median: read the raw ratio"
+    if abs(worst / mid - 1) > SIDE_SPREAD:
+        text += f"; {name} ({worst:.1f}) is {worst / mid - 1:+.0%} from their median: read the raw ratio"
     return text
 
 

@@ -43,11 +43,10 @@ def _auto_tile_n(head_dim: int) -> int:
 def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
     """(tile_n, the consumer registers per thread the forward needs: O + S + P fragments + overhead)."""
     tile_n = _auto_tile_n(spec.head_dim) if spec.pipeline.tile_n == "auto" else spec.pipeline.tile_n
-    if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128) and spec.mask.kind != "sliding_window":
-        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there; 112 with a window)
-        tile_n = 128
-    elif spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128):
-        tile_n = 112  # (192, 128) with a window: measured at 112 (sessions 35-43), not yet at 96
+    if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128):
+        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there); with a window 112, as
+        # measured in sessions 35-43 (not yet at 96)
+        tile_n = 112 if spec.mask.kind == "sliding_window" else 128
     return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
 
 
