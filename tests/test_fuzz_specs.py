@@ -64,6 +64,7 @@ pipelines = st.fixed_dictionaries({}, optional={
     "tile_m": auto_or(st.sampled_from([64, 128, 192, 256])),
     "tile_n": auto_or(st.integers(1, 16).map(lambda i: 16 * i)),
     "kv_stages": auto_or(st.integers(1, 8)),
+    "q_stages": auto_or(st.integers(1, 2)),
 })
 valid_docs = st.fixed_dictionaries(
     {"name": names, "targets": st.sampled_from([["sm90"], ["sm90", "sm100"], ["sm100"]]),
@@ -219,7 +220,7 @@ compilable_docs = st.fixed_dictionaries({
     "mask": masks, "softcap": st.sampled_from([0.0, 30.0]), "return_lse": st.booleans(),
     "pipeline": st.fixed_dictionaries({
         "ping_pong": st.booleans(), "poly_exp": st.fixed_dictionaries({"share": st.sampled_from([0.0, 0.25, 1.0])}),
-        "tile_n": auto_or(st.sampled_from([64, 96, 128])),
+        "tile_n": auto_or(st.sampled_from([64, 96, 128])), "q_stages": auto_or(st.sampled_from([1, 2])),
     }),
 })
 

@@ -815,3 +815,29 @@ def test_gqa_backward_has_an_mha_twin_for_mha_calls(allow_gqa):
     # the allow_gqa: false spec's kernel, plan for plan, but for its module name, dispatch flag and note
     assert dataclasses.replace(mha, module=alone.module, mha_only=False, notes=alone.notes) == alone
     assert mha.notes[-1].startswith("dispatch: the API runs this kernel for calls with as many K/V heads")
+
+
+def test_forward_q_stages_two_buffers_in_the_persistent_forward_only():
+    """pipeline.q_stages 2 gives the persistent forward a second Q buffer (one more Q tile of shared memory);
+    kernels that run one CTA per tile keep one; auto is 1; a second buffer that does not fit is refused by name."""
+    def fwds(hd, mask, pipeline, **kw):
+        return [p for p in plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline, **kw)), "sm90")
+                if p.direction == "fwd"]
+
+    none, causal = {"kind": "none"}, {"kind": "causal"}
+    for hd, mask in (((64, None), none), ((128, None), none), ((64, None), causal), ((128, None), causal)):
+        (one, *rest1), (two, *rest2) = fwds(hd, mask, {}), fwds(hd, mask, {"q_stages": 2})
+        assert one.scheduler == two.scheduler == "persistent" and (one.q_stages, two.q_stages) == (1, 2)
+        smem = [next(b.used for b in p.budgets if b.name == "shared memory per CTA") for p in (one, two)]
+        assert smem[1] == smem[0] + two.tile_m * hd[0] * 2 + 16 <= 232448
+        assert all(p.q_stages == 1 for p in rest1 + rest2)  # the long-call twins
+        assert any("q_stages 2" in n for n in two.notes) and not any("q_stages 2" in n for n in one.notes)
+    # one CTA per tile: d256, varlen
+    (d256,) = fwds((256, None), none, {"q_stages": 2})
+    assert d256.q_stages == 1 and any("q_stages 2 asked for, 1 here" in n for n in d256.notes)
+    assert all(p.q_stages == 1 for p in fwds((128, None), none, {"q_stages": 2}, varlen=True))
+    # d128 with 160-key blocks fills shared memory with one Q buffer
+    err = _plan_error(_spec_dict(0, (128, None), "bf16", none, {"q_stages": 2, "tile_n": 160}))
+    assert [p.location for p in err.problems] == ["pipeline.q_stages"]
+    assert "second Q buffer (32768 bytes)" in str(err)
+    assert fwds((128, None), none, {"q_stages": 1, "tile_n": 160})[0].scheduler == "persistent"

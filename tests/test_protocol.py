@@ -61,6 +61,10 @@ SM90_PLANS = [  # (without a mask: the persistent forward where it fits)
          for pp, ov, st in itertools.product([True, False], [True, False], [1, 2, 3])],
     )
     if not (tm == 192 and hd == 128)
+] + [  # two Q buffers (pipeline.q_stages 2): the persistent forwards that fit them
+    plan_kernels(_spec((hd, None), {"kind": kind}, {"q_stages": 2, "ping_pong": pp, "intra_wg_overlap": ov}, ("sm90",)),
+                 "sm90")[0]
+    for kind, hd, pp, ov in itertools.product(["causal", "none"], [64, 128], [True, False], [True, False])
 ]
 
 
@@ -108,7 +112,8 @@ def test_sm90_protocol_holds(plan):
     assert (max(len(t) for t in draws) > 1) == (plan.scheduler == "persistent")
     for run, tiles in zip(runs, draws):
         assert run.tma_copies == len(tiles) + 2 * sum(tiles)
-        assert run.completions["q.full[0]"] == len(tiles)
+        assert sum(v for key, v in run.completions.items() if key.startswith("q.full")) == len(tiles)
+        assert run.completions["q.full[0]"] == -(-len(tiles) // plan.q_stages)  # the buffers take turns
         for pipe in ("k", "v"):
             assert sum(v for key, v in run.completions.items() if key.startswith(f"{pipe}.full")) == sum(tiles)
 
@@ -492,3 +497,60 @@ def test_sm90_idle_warpgroup_that_never_waits_for_the_loads_is_caught():
     plan = next(p for p in IDLE_SM90 if not p.ping_pong and p.kv_stages == 1)
     errors = _idle_mutant_errors(plan, lambda: lambda op: not (op.kind == "wait" and op.pipe in ("k", "v")), seeds=range(100))
     assert errors
+
+
+# --- pipeline.q_stages 2: the persistent forward's two Q buffers ------------------------------------
+
+Q2_SM90 = [p for p in SM90_PLANS if p.q_stages == 2]
+
+
+def test_q_stages_2_plans_are_the_persistent_ones_modelled():
+    assert len(Q2_SM90) == 16 and all(p.scheduler == "persistent" for p in Q2_SM90)
+    assert {p.mask_kind for p in Q2_SM90} == {"none", "causal"}
+    for plan in Q2_SM90:
+        assert not _persistent_fails(plan, lambda role, op: op, tiles=(3, 0, 2, 4, 1), seeds=range(5))
+
+
+def test_q_stages_2_next_q_into_the_buffer_in_use_is_caught():
+    """A producer that loads every tile's Q into buffer 0 (a template indexing sQ by 0 with two stages)
+    overwrites Q while the previous tile's S GEMMs may still read it."""
+    plan = next(p for p in Q2_SM90 if p.mask_kind == "none" and p.ping_pong and p.intra_wg_overlap)
+
+    def to_stage0(role, op):
+        if op.kind == "tma" and op.pipe == "q":
+            return dataclasses.replace(op, writes=(("sQ[0]", op.writes[0][1]),))
+        return op
+
+    errors = _persistent_fails(plan, to_stage0, tiles=(1, 1, 1, 1), seeds=range(50))
+    # (a consumer then finds the wrong tile's Q in buffer 0, or nothing in buffer 1)
+    assert len(errors) == 50 and all(re.search(r"reads sQ\[[01]\] expecting \('Q', \d\)", e) for e in errors)
+
+
+def test_q_stages_2_consumer_reading_the_other_buffer_is_caught():
+    """Consumers that read buffer 0 whatever the tile (the S GEMM's Q operand not sliced by the pipeline
+    state) read the wrong tile's Q on every second tile."""
+    plan = next(p for p in Q2_SM90 if p.mask_kind == "causal" and p.ping_pong and p.intra_wg_overlap)
+
+    def from_stage0(role, op):
+        if op.kind == "read" and op.reads and op.reads[0][0].startswith("sQ["):
+            return dataclasses.replace(op, reads=(("sQ[0]", op.reads[0][1]), *op.reads[1:]))
+        return op
+
+    errors = _persistent_fails(plan, from_stage0, tiles=(2, 2), seeds=range(5))
+    assert len(errors) == 5
+
+
+def test_q_stages_2_template_indexes_q_by_the_pipeline_state_and_default_text_is_unchanged():
+    """With two Q buffers the producer copies into the state's buffer and the S GEMMs read the consumer state's;
+    the default (1) renders the one-buffer text, constant index 0 (so its kernel is the one measured before)."""
+    base = {"name": "p", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "mask": {"kind": "none"}}
+    pkg2, plans2, _ = render_spec(spec_from_dict(dict(base, pipeline={"q_stages": 2})), "test")
+    pkg1, plans1, _ = render_spec(spec_from_dict(base), "test")
+    fwd2, fwd1 = pkg2.files["fwd_sm90.py"], pkg1.files["fwd_sm90.py"]
+    assert plans2[0].q_stages == 2 and plans1[0].q_stages == 1
+    assert "Q_STAGES = 2" in fwd2 and "tQsQ[None, q_state.index]" in fwd2
+    assert "tSrQ[None, None, None, q_cstate.index]" in fwd2
+    assert "Q_STAGES" not in fwd1 and "tQsQ[None, 0]" in fwd1 and "tSrQ[None, None, None, 0]" in fwd1
+    # the one-CTA-per-tile twin of the q_stages 2 spec keeps one buffer
+    assert plans2[1].module == "fwd_sm90_long" and plans2[1].q_stages == 1
+    assert "Q_STAGES" not in pkg2.files["fwd_sm90_long.py"]

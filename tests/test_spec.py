@@ -170,6 +170,7 @@ def test_out_of_range():
     assert "softcap" in problems_of(with_(softcap=-1.0))
     assert "64" in problems_of(with_(pipeline={"tile_m": 96}))["pipeline.tile_m"]
     assert "[1, 8]" in problems_of(with_(pipeline={"kv_stages": 9}))["pipeline.kv_stages"]
+    assert "[1, 2]" in problems_of(with_(pipeline={"q_stages": 3}))["pipeline.q_stages"]
     assert "500" in problems_of(with_(description="x" * 501))["description"]
 
 

@@ -700,15 +700,15 @@ SM90_O_STORED_BARRIER = 5  # persistent forward: "O is in shared memory" (the st
 
 
 def sm90_pipelines(plan):
-    """The SM90 forward's pipelines: Q (1 stage), K and V (kv_stages each), TMA producer thread,
-    one release arrival per consumer warp."""
+    """The SM90 forward's pipelines: Q (q_stages: 1, or 2 in a persistent forward that asks for it), K and V
+    (kv_stages each), TMA producer thread, one release arrival per consumer warp."""
     warps = 4 * plan.num_mma_warpgroups
     q_bytes = plan.tile_m * plan.head_dim * 2
     k_bytes = plan.tile_n * plan.head_dim * 2
     v_bytes = plan.tile_n * plan.head_dim_v * 2
     return (
-        PipelineSpec("q", "PipelineTmaAsync", "producer", ("consumer",), 1, 1, warps, tx_bytes=q_bytes,
-                     purpose="the Q tile, loaded once"),
+        PipelineSpec("q", "PipelineTmaAsync", "producer", ("consumer",), plan.q_stages, 1, warps, tx_bytes=q_bytes,
+                     purpose="the Q tile, loaded once per tile"),
         PipelineSpec("k", "PipelineTmaAsync", "producer", ("consumer",), plan.kv_stages, 1, warps, tx_bytes=k_bytes,
                      purpose="K blocks, released right after the S GEMM"),
         PipelineSpec("v", "PipelineTmaAsync", "producer", ("consumer",), plan.kv_stages, 1, warps, tx_bytes=v_bytes,
@@ -764,7 +764,7 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
             n_blocks = tile[0] if isinstance(tile, tuple) else tile
             s, ph = q.next()
             yield acquire("q", s, ph, tx=P["q"].tx_bytes)
-            yield tma_load("q", s, "sQ", ("Q", t), P["q"].tx_bytes)
+            yield tma_load("q", s, f"sQ[{s}]", ("Q", t), P["q"].tx_bytes)
             # K of a block before V of the block before it (the consumers' order)
             for j in range(n_blocks):
                 yield from load("k", k, t, j)
@@ -831,7 +831,7 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
 
         def s_gemm(j):
             yield wait("k", *kslots[j])
-            yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)), note=f"S = Q·K{j} (wg {c})")
+            yield read((f"sQ[{qs}]", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)), note=f"S = Q·K{j} (wg {c})")
 
         def pv_gemm(j):
             yield wait("v", *vslots[j])
@@ -847,7 +847,7 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 if plan.ping_pong:
                     yield wait("k", *kslots[j])
                     yield bar_sync(PP + c, 256, 128)
-                    yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
+                    yield read((f"sQ[{qs}]", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
                 else:
                     yield from s_gemm(j)
                 yield from pv_gemm(j - 1)
@@ -865,7 +865,7 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 yield wait("k", *kslots[j])
                 if plan.ping_pong:
                     yield bar_sync(PP + c, 256, 128)
-                yield read(("sQ", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
+                yield read((f"sQ[{qs}]", ("Q", t)), (f"sK[{kslots[j][0]}]", ("K", t, j)))
                 if plan.ping_pong:
                     yield bar_arrive(PP + (c + 1) % W, 256, 128)
                 yield release("k", kslots[j][0], 4)
@@ -881,7 +881,7 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
         if not persistent:
             # epilogue: O rows go over Q's shared memory (any row may overlay any warpgroup's Q rows)
             yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
-            yield write(("sQ", ("O", c)))
+            yield write(("sQ[0]", ("O", c)))  # (one CTA per tile: one Q buffer)
             yield bar_sync(SM90_EPILOGUE_BARRIER, 128 * W, 128)
             return
         # persistent epilogue: the storing warp (in warpgroup 0) waits for its last store's read of sO, all

@@ -115,6 +115,21 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
             persistent = False
     if persistent:
         smem += tile_m * spec.head_dim_v * elem
+    # a second Q buffer (persistent only: a one-CTA-per-tile kernel loads its Q once): the producer's next-tile Q
+    # load then waits for the release of the tile before this one, not this one's, and the next tile's first K
+    # load behind it goes out a block step earlier (session 48's plan-only option, auto = 1)
+    q_stages = 2 if persistent and p.q_stages == 2 else 1
+    if q_stages == 2:
+        q_bytes = tile_m * spec.head_dim * elem
+        if smem + q_bytes + 2 * 8 > SMEM_BUDGET:
+            problems.append(problem(
+                "pipeline.q_stages", f"a second Q buffer ({q_bytes} bytes) does not fit next to the persistent "
+                f"forward's Q, {kv_stages} K/V stages and O buffer ({smem} bytes; {SMEM_BUDGET} per CTA on sm90); "
+                "use 1 or lower pipeline.kv_stages / pipeline.tile_n",
+            ))
+            q_stages = 1
+        else:
+            smem += q_bytes + 2 * 8
     reg_file = 128 * regs_producer + 128 * num_wg * regs_consumer
     budgets = (
         Budget("shared memory per CTA", smem, SMEM_BUDGET, "bytes"),
@@ -161,6 +176,11 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append(f"scheduler: persistent, one CTA per SM (the API passes the GPU's SM count: {PERSISTENT_CTAS} on an "
                      f"H100 / H200 SXM) striding over {over} (O in a buffer of "
                      "its own, so the next tile's loads overlap this tile's last P·V and epilogue)")
+    if q_stages == 2:
+        notes.append("q_stages 2: the next tile's Q loads into the second buffer while this tile's S GEMMs read the "
+                     "first")
+    elif p.q_stages == 2:
+        notes.append("q_stages 2 asked for, 1 here: this kernel runs one CTA per query tile and loads its Q once")
     if spec.varlen:
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
                      "sequences); per-sequence bounded TMA views, so loads past a sequence read zeros and stores "
@@ -175,6 +195,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         tile_m=tile_m,
         tile_n=tile_n,
         kv_stages=kv_stages,
+        q_stages=q_stages,
         num_mma_warpgroups=num_wg,
         threads=128 * (num_wg + 1),
         regs_producer=regs_producer,

@@ -221,6 +221,13 @@ class Pipeline(_Model):
         default="auto", description="K/V shared-memory pipeline stages.",
         json_schema_extra=_int_range(1, 1, 8),
     )
+    q_stages: StrictInt | Literal["auto"] = Field(
+        default="auto",
+        description="sm90 persistent forward: Q shared-memory buffers. 2 lets the producer load the next "
+        "tile's Q (and the K block behind it) while this tile's last S GEMMs still read the current one; "
+        "kernels that run one CTA per tile load Q once and keep 1. auto: 1.",
+        json_schema_extra=_int_range(1, 1, 2),
+    )
     bwd_swap_ab: StrictBool | Literal["auto"] = Field(
         default="auto",
         description="Backward: compute Sᵀ = K·Qᵀ so Pᵀ and dSᵀ feed dV and dK from registers "
@@ -259,6 +266,11 @@ class Pipeline(_Model):
     @classmethod
     def _kv_stages(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return _auto_int(value, handler, step=1, lo=1, hi=8)
+
+    @field_validator("q_stages", mode="wrap")
+    @classmethod
+    def _q_stages(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return _auto_int(value, handler, step=1, lo=1, hi=2)
 
 
 # --- the spec --------------------------------------------------------------------------------
