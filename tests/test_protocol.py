@@ -554,3 +554,24 @@ def test_q_stages_2_template_indexes_q_by_the_pipeline_state_and_default_text_is
     # the one-CTA-per-tile twin of the q_stages 2 spec keeps one buffer
     assert plans2[1].module == "fwd_sm90_long" and plans2[1].q_stages == 1
     assert "Q_STAGES" not in pkg2.files["fwd_sm90_long.py"]
+
+
+def test_persistent_sm90_producer_loads_the_first_k_before_q():
+    """The persistent producer issues a tile's first K before acquiring Q's buffer (the K stage frees a block
+    earlier than Q's buffer); a one-CTA-per-tile producer loads Q first. Model and template text agree."""
+    for plan in (PERSISTENT_SM90[0], next(p for p in SM90_PLANS if p.scheduler != "persistent")):
+        persistent = plan.scheduler == "persistent"
+        ops = [op for op in protocol.sm90_programs(plan, [2, 0, 3] if persistent else 2)["producer"] if op.kind == "tma"]
+        order = [(op.pipe, op.writes[0][1]) for op in ops]
+        if persistent:
+            assert order[:3] == [("k", ("K", 0, 0)), ("q", ("Q", 0)), ("k", ("K", 0, 1))]
+            assert ("q", ("Q", 1)) in order and ("q", ("Q", 2)) in order  # a tile without key blocks still loads Q
+            assert order[order.index(("q", ("Q", 2))) - 1] == ("k", ("K", 2, 0))
+        else:
+            assert order[:2] == [("q", ("Q", 0)), ("k", ("K", 0, 0))]
+    spec = load_spec(ROOT / "specs" / "vit_encoder.yaml")
+    pkg, plans, _ = render_spec(spec, "test")
+    for plan in (p for p in plans if p.direction == "fwd"):
+        producer = _sections(pkg.files[f"{plan.module}.py"], {"producer": "# Load role", "consumer": "# MMA role"})["producer"]
+        k_first = producer.index("pipe_k.producer_acquire") < producer.index("pipe_q.producer_acquire")
+        assert k_first == (plan.scheduler == "persistent"), plan.module

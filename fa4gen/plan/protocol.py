@@ -762,11 +762,15 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
 
         for t, tile in enumerate(tiles):
             n_blocks = tile[0] if isinstance(tile, tuple) else tile
+            # persistent: the tile's first K before its Q (its stage frees before Q's buffer does)
+            k_first = persistent and n_blocks > 0
+            if k_first:
+                yield from load("k", k, t, 0)
             s, ph = q.next()
             yield acquire("q", s, ph, tx=P["q"].tx_bytes)
             yield tma_load("q", s, f"sQ[{s}]", ("Q", t), P["q"].tx_bytes)
             # K of a block before V of the block before it (the consumers' order)
-            for j in range(n_blocks):
+            for j in range(1 if k_first else 0, n_blocks):
                 yield from load("k", k, t, j)
                 if j > 0:
                     yield from load("v", v, t, j - 1)
