@@ -61,13 +61,14 @@ EXTRA = {
     # the masked persistent forward with both switches off
     "x_bf16_d128_chunked_plain": dict(dtype="bf16", head_dim=128, return_lse=True, mask={"kind": "chunked", "chunk_size": 96},
                                       pipeline={"ping_pong": False, "intra_wg_overlap": False}),
-    # the persistent forward at head dims 144 / 160 (112-key blocks; without a mask only)
+    # the persistent forward at head dims 144 / 160 (96-key blocks since session 48; without a mask only)
     "x_bf16_d160_none_gqa": dict(dtype="bf16", head_dim=160, allow_gqa=True, return_lse=True),
     "x_fp16_d144_none": dict(dtype="fp16", head_dim=144, return_lse=True),
-    # pipeline.q_stages 2: the persistent forward's two Q buffers (192 rows without a mask; masked, 128 rows)
-    "x_bf16_d64_none_q2": dict(dtype="bf16", head_dim=64, return_lse=True, pipeline={"q_stages": 2}),
-    "x_fp16_d128_causal_q2": dict(dtype="fp16", head_dim=128, allow_gqa=True, return_lse=True, mask={"kind": "causal"},
-                                  pipeline={"q_stages": 2}),
+    # pipeline.q_stages 1: the persistent forward with one Q buffer (auto takes two up to d128 since session 49;
+    # 192 rows without a mask; masked, 128 rows)
+    "x_bf16_d64_none_q1": dict(dtype="bf16", head_dim=64, return_lse=True, pipeline={"q_stages": 1}),
+    "x_fp16_d128_causal_q1": dict(dtype="fp16", head_dim=128, allow_gqa=True, return_lse=True, mask={"kind": "causal"},
+                                  pipeline={"q_stages": 1}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -177,8 +178,8 @@ def _assert_matches(q, k, v, out, lse, softcap, sem, where):
 @pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d128_poly_all", "x_bf16_d96_none_gqa_softcap", "x_bf16_d64_none_plain",
                                   "llama3_8b", "mistral_7b", "llama4_chunked", "x_fp16_d128_causal", "x_fp16_d96_window",
                                   "x_bf16_d128_chunked_plain", "llama32_1b", "x_fp16_d64_window_softcap",
-                                  "x_bf16_d160_none_gqa", "x_fp16_d144_none", "x_bf16_d64_none_q2",
-                                  "x_fp16_d128_causal_q2"])
+                                  "x_bf16_d160_none_gqa", "x_fp16_d144_none", "x_bf16_d64_none_q1",
+                                  "x_fp16_d128_causal_q1"])
 def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),

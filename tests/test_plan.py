@@ -149,7 +149,7 @@ def test_resource_invariants(spec):
         smem = _budget(plan, "shared memory")
         assert smem.limit == SMEM_LIMIT_SM90 and smem.unit == "bytes"
         e = ELEM_BYTES[plan.dtype]
-        tiles = plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
+        tiles = plan.q_stages * plan.tile_m * plan.head_dim * e + plan.kv_stages * plan.tile_n * (plan.head_dim + plan.head_dim_v) * e
         if plan.scheduler == "persistent":
             tiles += plan.tile_m * plan.head_dim_v * e  # O's own buffer
         assert tiles <= smem.used <= tiles + 1024, "smem budget must count the Q and K/V tiles (+ barriers)"
@@ -391,8 +391,10 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
     # the two differ in tiling only: same mask, softmax and interface
     same = {f.name for f in dataclasses.fields(KernelPlan)} - {
         "module", "tile_m", "num_mma_warpgroups", "threads", "regs_producer", "regs_consumer", "budgets", "notes",
-        "min_seqlen_q", "scheduler", "persistent_ctas", "skip_idle_warpgroups"}
+        "min_seqlen_q", "scheduler", "persistent_ctas", "skip_idle_warpgroups", "q_stages"}
     assert all(getattr(fwd[0], f) == getattr(fwd[1], f) for f in same)
+    # the persistent 128-row kernel takes auto's two Q buffers; the one-CTA-per-tile one loads its Q once
+    assert (fwd[0].q_stages, fwd[1].q_stages) == (2, 1)
     # only the 192-row one-CTA-per-tile kernel lets a warpgroup without rows skip its work
     assert (fwd[0].skip_idle_warpgroups, fwd[1].skip_idle_warpgroups) == (False, True)
     # the 128-row one is persistent (its calls end below LONG_SEQLEN_Q), the 192-row one longest-first
@@ -596,7 +598,7 @@ def test_forward_192_128_takes_128_keys():
     for mask in ({"kind": "none"}, {"kind": "causal"}, {"kind": "chunked", "chunk_size": 96}):
         p = fwd(mask)
         assert p.tile_n == 128 and p.smem_bytes <= 232448, mask
-    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 112
+    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 96
     # head dims 129-192 otherwise: 96 keys (session 48)
     for d in (144, 160, 176, 192):
         assert plan_kernels(spec_from_dict(_spec_dict(0, (d, None), "bf16", {"kind": "none"}, {})), "sm90")[0].tile_n == 96
@@ -616,16 +618,18 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         p = fwd(hd, none)
         assert (p.scheduler, p.persistent_ctas) == ("persistent", 132), hd
         d, e = hd[0], 2
-        buffers = 2 * p.tile_m * d * e + p.kv_stages * p.tile_n * 2 * d * e  # Q, O, K/V stages
+        buffers = (1 + p.q_stages) * p.tile_m * d * e + p.kv_stages * p.tile_n * 2 * d * e  # Q (1 or 2), O, K/V
         assert buffers <= _budget(p, "shared memory").used <= min(buffers + 1024, SMEM_LIMIT_SM90), hd
+        assert p.q_stages == (2 if d <= 128 else 1), hd  # auto: two Q buffers up to d128
         # long calls: the same tiles, one CTA per tile, from PERSISTENT_MAX_SEQLEN_Q on
         plans = plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")
         assert [(q.module, q.scheduler, q.min_seqlen_q) for q in plans] == [
             ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", PERSISTENT_MAX_SEQLEN_Q)]
         same = {f.name for f in dataclasses.fields(KernelPlan)} - {
-            "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q", "skip_idle_warpgroups"}
+            "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q", "skip_idle_warpgroups",
+            "q_stages"}
         assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
-        assert any("dispatch" in n for n in plans[1].notes)
+        assert any("dispatch" in n for n in plans[1].notes) and plans[1].q_stages == 1
     # d176 and up, (192, 128): O has no room of its own (or past PERSISTENT_MAX_HEAD_DIM)
     for hd in ((176, None), (256, None), (192, 128)):
         assert (fwd(hd, none).scheduler, fwd(hd, none).persistent_ctas) == ("grid", 0), hd
@@ -818,26 +822,39 @@ def test_gqa_backward_has_an_mha_twin_for_mha_calls(allow_gqa):
 
 
 def test_forward_q_stages_two_buffers_in_the_persistent_forward_only():
-    """pipeline.q_stages 2 gives the persistent forward a second Q buffer (one more Q tile of shared memory);
-    kernels that run one CTA per tile keep one; auto is 1; a second buffer that does not fit is refused by name."""
+    """pipeline.q_stages 2 gives the persistent forward a second Q buffer (one more Q tile of shared memory); auto
+    takes it where it fits up to head dim 128 (measured at 64 and 128, session 49); kernels that run one CTA per
+    tile keep one; a hand-set second buffer that does not fit is refused by name, auto falls back to 1."""
+    from fa4gen.plan.sm90 import AUTO_Q_STAGES_MAX_HEAD_DIM
+
     def fwds(hd, mask, pipeline, **kw):
         return [p for p in plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline, **kw)), "sm90")
                 if p.direction == "fwd"]
 
-    none, causal = {"kind": "none"}, {"kind": "causal"}
-    for hd, mask in (((64, None), none), ((128, None), none), ((64, None), causal), ((128, None), causal)):
-        (one, *rest1), (two, *rest2) = fwds(hd, mask, {}), fwds(hd, mask, {"q_stages": 2})
+    none, causal, window = {"kind": "none"}, {"kind": "causal"}, {"kind": "sliding_window", "left": 64, "right": 0}
+    for hd, mask in (((64, None), none), ((128, None), none), ((64, None), causal), ((128, None), causal),
+                     ((96, None), window)):
+        (one, *rest1), (two, *rest2), (auto, *rest_auto) = (fwds(hd, mask, {"q_stages": 1}),
+                                                            fwds(hd, mask, {"q_stages": 2}), fwds(hd, mask, {}))
         assert one.scheduler == two.scheduler == "persistent" and (one.q_stages, two.q_stages) == (1, 2)
+        assert auto == dataclasses.replace(two, notes=auto.notes)  # auto: the hand-set 2, its note says auto
         smem = [next(b.used for b in p.budgets if b.name == "shared memory per CTA") for p in (one, two)]
         assert smem[1] == smem[0] + two.tile_m * hd[0] * 2 + 16 <= 232448
-        assert all(p.q_stages == 1 for p in rest1 + rest2)  # the long-call twins
+        assert all(p.q_stages == 1 for p in rest1 + rest2 + rest_auto)  # the long-call twins
         assert any("q_stages 2" in n for n in two.notes) and not any("q_stages 2" in n for n in one.notes)
+        assert any("q_stages auto -> 2" in n for n in auto.notes)
+    # above AUTO_Q_STAGES_MAX_HEAD_DIM auto keeps 1 (d144 has room for the second buffer but was not measured)
+    assert AUTO_Q_STAGES_MAX_HEAD_DIM == 128
+    assert (fwds((144, None), none, {})[0].q_stages, fwds((144, None), none, {"q_stages": 2})[0].q_stages) == (1, 2)
     # one CTA per tile: d256, varlen
     (d256,) = fwds((256, None), none, {"q_stages": 2})
     assert d256.q_stages == 1 and any("q_stages 2 asked for, 1 here" in n for n in d256.notes)
     assert all(p.q_stages == 1 for p in fwds((128, None), none, {"q_stages": 2}, varlen=True))
-    # d128 with 160-key blocks fills shared memory with one Q buffer
+    assert all(p.q_stages == 1 for p in fwds((128, None), none, {}, varlen=True))
+    # d128 with 160-key blocks fills shared memory with one Q buffer: refused when asked for, auto's 1 otherwise
     err = _plan_error(_spec_dict(0, (128, None), "bf16", none, {"q_stages": 2, "tile_n": 160}))
     assert [p.location for p in err.problems] == ["pipeline.q_stages"]
     assert "second Q buffer (32768 bytes)" in str(err)
-    assert fwds((128, None), none, {"q_stages": 1, "tile_n": 160})[0].scheduler == "persistent"
+    for q in (1, "auto"):
+        (p, *_) = fwds((128, None), none, {"q_stages": q, "tile_n": 160})
+        assert (p.scheduler, p.q_stages) == ("persistent", 1)

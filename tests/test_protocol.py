@@ -51,13 +51,13 @@ SM100_PLANS = [
         [{}, {"ping_pong": False}, {"kv_stages": 2}],
     )
 ]
-SM90_PLANS = [  # (without a mask: the persistent forward where it fits)
+SM90_PLANS = [  # (without a mask: the persistent forward where it fits; one Q buffer, auto's 2 below)
     plan_kernels(_spec((hd, None), {"kind": kind}, dict(p, **{"tile_m": tm}), ("sm90",)), "sm90")[0]
     for kind, hd, tm, p in itertools.product(
         ["causal", "none"],
         [64, 128],
         [128, 192],
-        [{"ping_pong": pp, "intra_wg_overlap": ov, "kv_stages": st}
+        [{"ping_pong": pp, "intra_wg_overlap": ov, "kv_stages": st, "q_stages": 1}
          for pp, ov, st in itertools.product([True, False], [True, False], [1, 2, 3])],
     )
     if not (tm == 192 and hd == 128)
@@ -540,12 +540,12 @@ def test_q_stages_2_consumer_reading_the_other_buffer_is_caught():
     assert len(errors) == 5
 
 
-def test_q_stages_2_template_indexes_q_by_the_pipeline_state_and_default_text_is_unchanged():
-    """With two Q buffers the producer copies into the state's buffer and the S GEMMs read the consumer state's;
-    the default (1) renders the one-buffer text, constant index 0 (so its kernel is the one measured before)."""
+def test_q_stages_2_template_indexes_q_by_the_pipeline_state_and_one_buffer_text_uses_index_0():
+    """With two Q buffers (auto's choice here) the producer copies into the state's buffer and the S GEMMs read the
+    consumer state's; q_stages 1 renders the one-buffer text, constant index 0 (the kernel measured before session 49)."""
     base = {"name": "p", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "mask": {"kind": "none"}}
-    pkg2, plans2, _ = render_spec(spec_from_dict(dict(base, pipeline={"q_stages": 2})), "test")
-    pkg1, plans1, _ = render_spec(spec_from_dict(base), "test")
+    pkg2, plans2, _ = render_spec(spec_from_dict(base), "test")
+    pkg1, plans1, _ = render_spec(spec_from_dict(dict(base, pipeline={"q_stages": 1})), "test")
     fwd2, fwd1 = pkg2.files["fwd_sm90.py"], pkg1.files["fwd_sm90.py"]
     assert plans2[0].q_stages == 2 and plans1[0].q_stages == 1
     assert "Q_STAGES = 2" in fwd2 and "tQsQ[None, q_state.index]" in fwd2

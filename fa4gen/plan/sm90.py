@@ -29,6 +29,9 @@ REGS_OVERHEAD = 32
 # s512-16k with and without a causal mask, raw TFLOP/s ratio >= 1.000 in all 12 cells (geometric mean ~1.02; s1k +7%,
 # causal s512 / s2k +3-4%). Padding explains s1k (96: 11 blocks = 1,056 keys, 112: 10 = 1,120), not s512 (576 / 560).
 AUTO_TILE_N = {64: 128, 96: 128, 128: 128, 192: 96, 256: 64}
+# pipeline.q_stages auto gives the persistent forward two Q buffers up to this head dim (measured at 64 and 128; d144,
+# the one persistent head dim above with room for them, was not)
+AUTO_Q_STAGES_MAX_HEAD_DIM = 128
 PERSISTENT_CTAS = 132  # SMs of an H100 / H200 SXM: the compile-time stand-in for the persistent grid's size (the API
 # passes the GPU's SM count at run time; any count is correct)
 
@@ -44,9 +47,9 @@ def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
     """(tile_n, the consumer registers per thread the forward needs: O + S + P fragments + overhead)."""
     tile_n = _auto_tile_n(spec.head_dim) if spec.pipeline.tile_n == "auto" else spec.pipeline.tile_n
     if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128):
-        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there); with a window 112, as
-        # measured in sessions 35-43 (not yet at 96)
-        tile_n = 112 if spec.mask.kind == "sliding_window" else 128
+        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there); with a window 96 (session
+        # 49, H200, same-tree A/B against 112, causal window 1024 s2k / s8k: raw 1.027 / 1.019)
+        tile_n = 96 if spec.mask.kind == "sliding_window" else 128
     return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
 
 
@@ -117,11 +120,17 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         smem += tile_m * spec.head_dim_v * elem
     # a second Q buffer (persistent only: a one-CTA-per-tile kernel loads its Q once): the producer's next-tile Q
     # load then waits for the release of the tile before this one, not this one's, and the next tile's first K
-    # load behind it goes out a block step earlier (session 48's plan-only option, auto = 1)
-    q_stages = 2 if persistent and p.q_stages == 2 else 1
+    # load behind it goes out a block step earlier. auto: 2 where it fits at head dims <= AUTO_Q_STAGES_MAX_HEAD_DIM
+    # (session 49, H200, A/B of q_stages 2 with the producer's K-before-Q order against main before both: d64 / d128,
+    # no mask and causal, s512-2k: raw 1.048, +6-12% at s512, 0.998-1.122 per cell), else 1
+    q_bytes = tile_m * spec.head_dim * elem
+    q_fits = smem + q_bytes + 2 * 8 <= SMEM_BUDGET
+    if p.q_stages == "auto":
+        q_stages = 2 if persistent and q_fits and max(spec.head_dim, spec.head_dim_v) <= AUTO_Q_STAGES_MAX_HEAD_DIM else 1
+    else:
+        q_stages = 2 if persistent and p.q_stages == 2 else 1
     if q_stages == 2:
-        q_bytes = tile_m * spec.head_dim * elem
-        if smem + q_bytes + 2 * 8 > SMEM_BUDGET:
+        if not q_fits:
             problems.append(problem(
                 "pipeline.q_stages", f"a second Q buffer ({q_bytes} bytes) does not fit next to the persistent "
                 f"forward's Q, {kv_stages} K/V stages and O buffer ({smem} bytes; {SMEM_BUDGET} per CTA on sm90); "
@@ -177,8 +186,8 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
                      f"H100 / H200 SXM) striding over {over} (O in a buffer of "
                      "its own, so the next tile's loads overlap this tile's last P·V and epilogue)")
     if q_stages == 2:
-        notes.append("q_stages 2: the next tile's Q loads into the second buffer while this tile's S GEMMs read the "
-                     "first")
+        notes.append(f"q_stages {'auto -> ' if p.q_stages == 'auto' else ''}2: the next tile's Q loads into the second "
+                     "buffer while this tile's S GEMMs read the first")
     elif p.q_stages == 2:
         notes.append("q_stages 2 asked for, 1 here: this kernel runs one CTA per query tile and loads its Q once")
     if spec.varlen:

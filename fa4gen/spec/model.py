@@ -225,7 +225,8 @@ class Pipeline(_Model):
         default="auto",
         description="sm90 persistent forward: Q shared-memory buffers. 2 lets the producer load the next "
         "tile's Q (and the K block behind it) while this tile's last S GEMMs still read the current one; "
-        "kernels that run one CTA per tile load Q once and keep 1. auto: 1.",
+        "kernels that run one CTA per tile load Q once and keep 1. auto: 2 where it fits at head dims <= 128, "
+        "else 1.",
         json_schema_extra=_int_range(1, 1, 2),
     )
     bwd_swap_ab: StrictBool | Literal["auto"] = Field(

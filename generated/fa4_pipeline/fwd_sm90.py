@@ -31,6 +31,7 @@ HEAD_DIM_V = 128
 TILE_M = 128
 TILE_N = 128
 KV_STAGES = 2
+Q_STAGES = 2  # Q buffers (persistent): the next tile's Q loads while this tile's S GEMMs read the other
 NUM_MMA_WG = 2
 THREADS = 384
 REGS_PRODUCER = 32
@@ -66,7 +67,7 @@ class FlashFwdSm90:
             DTYPE, DTYPE, OperandMajorMode.K, OperandMajorMode.MN, Float32, (NUM_MMA_WG, 1, 1),
             (64, HEAD_DIM_V), warpgroup.OperandSource.RMEM,
         )
-        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (TILE_M, TILE_N, HEAD_DIM), DTYPE, 1)
+        sQ_layout = sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, (TILE_M, TILE_N, HEAD_DIM), DTYPE, Q_STAGES)
         sK_layout = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, (TILE_M, TILE_N, HEAD_DIM), DTYPE, KV_STAGES)
         sV_layout = sm90_utils.make_smem_layout_b(
             LayoutEnum.COL_MAJOR, (TILE_M, HEAD_DIM_V, TILE_N), DTYPE, KV_STAGES
@@ -87,7 +88,7 @@ class FlashFwdSm90:
 
         @cute.struct
         class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]
             mbar_k: cute.struct.MemRange[cutlass.Int64, KV_STAGES * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, KV_STAGES * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
@@ -123,7 +124,7 @@ class FlashFwdSm90:
                 cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
         consumer_warps = NUM_MMA_WG * 4
-        pipe_q = hopper.tma_pipeline(storage.mbar_q, 1, self.q_bytes, consumer_warps)
+        pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
         pipe_k = hopper.tma_pipeline(storage.mbar_k, KV_STAGES, self.k_bytes, consumer_warps)
         pipe_v = hopper.tma_pipeline(storage.mbar_v, KV_STAGES, self.v_bytes, consumer_warps)
         cute.arch.mbarrier_init_fence()
@@ -151,7 +152,7 @@ class FlashFwdSm90:
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
             if warp_idx == 0:
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 for k in cutlass.range(tile_iterations, unroll=1):
@@ -185,7 +186,7 @@ class FlashFwdSm90:
                                   tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
                         k_state.advance()
                     pipe_q.producer_acquire(q_state)
-                    cute.copy(tma_q, tQgQ, tQsQ[None, 0], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    cute.copy(tma_q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                     q_state.advance()
                     # K of a block is needed before V of the block after it: load in the consumers' order
                     for i in cutlass.range(1, n_max - n_min, unroll=1):
@@ -227,7 +228,7 @@ class FlashFwdSm90:
             # thread 0's coordinates (compile-time): the mask compares against these
             tScS0_rc = frag.rows_cols(tiled_mma_qk.get_slice(0).partition_C(cute.make_identity_tensor((TILE_M, TILE_N))))
             tiled_mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-            q_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, KV_STAGES)
             for k in cutlass.range(tile_iterations, unroll=1):
                 m_block, head, batch = schedule.paired_tile(
@@ -257,7 +258,7 @@ class FlashFwdSm90:
                     n_block = n_max - 1
                     pipe_k.consumer_wait(kv_state)
                     warpgroup.fence()
-                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
                     tSrK_kv = tSrK[None, None, None, kv_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM // 16):
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
@@ -285,7 +286,7 @@ class FlashFwdSm90:
 
                     # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
                     warpgroup.fence()
-                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
                     tSrK_kv = tSrK[None, None, None, kv_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM // 16):
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
@@ -324,7 +325,7 @@ class FlashFwdSm90:
 
                     # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
                     warpgroup.fence()
-                    tSrQ_0 = tSrQ[None, None, None, 0]
+                    tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
                     tSrK_kv = tSrK[None, None, None, kv_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM // 16):
                         tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
