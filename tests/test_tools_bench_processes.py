@@ -118,3 +118,21 @@ def test_pipeline_fields_reach_the_forward_spec_and_its_name():
     res = subprocess.run([sys.executable, str(root / "tools" / "bench_fwd.py"), "--pipeline", "ping_pongg=false"],
                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin"})
     assert res.returncode != 0 and "pipeline.ping_pongg: unknown field" in res.stderr, res.stderr[-500:]
+
+
+def test_fwd_kernel_must_be_a_forward_of_every_row_spec():
+    """--fwd-kernel pins fa4gen's forward calls to one kernel of the row's spec (plan-only A/Bs of the dispatch
+    thresholds); a name some row's spec lacks stops the run before any GPU work, listing that spec's forwards."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(root / "tools" / "bench_fwd.py"), *args], capture_output=True,
+                              text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin"})
+
+    # d256 without a mask has one forward (no persistent kernel, so no long-call twin)
+    res = run("--dims", "64,256", "--masks", "none", "--fwd-kernel", "fwd_sm90_long")
+    assert res.returncode != 0 and ("--fwd-kernel: bench_d256_full has no forward kernel 'fwd_sm90_long' "
+                                    "(its forwards: fwd_sm90)") in res.stderr, res.stderr[-500:]
+    res = run("--dims", "64", "--masks", "none,causal", "--fwd-kernel", "fwd_sm90_rows")
+    assert res.returncode != 0 and ("bench_d64_full has no forward kernel 'fwd_sm90_rows' (its forwards: fwd_sm90, "
+                                    "fwd_sm90_long)") in res.stderr, res.stderr[-500:]

@@ -26,6 +26,7 @@ Run on the GPU machine: `source tools/device_env.sh; python3 tools/bench_fwd.py 
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -310,6 +311,12 @@ def main():
                          "needed), so each first call loads from the disk cache: the first_call_s columns then time "
                          "a cache load, not a compile")
     ap.add_argument("--prebuild-only", action="store_true", help="with --prebuild: stop after compiling")
+    ap.add_argument("--fwd-kernel", default=None, metavar="MODULE",
+                    help="run every fa4gen forward call on this kernel of its spec, whatever the call's seqlen_q "
+                         "(ForwardOp.pinned; e.g. fwd_sm90: the persistent forward at lengths that dispatch to "
+                         "fwd_sm90_long), for plan-only A/Bs of the dispatch thresholds; each row records the kernel "
+                         "that ran (fa4gen_kernel). Pinned calls skip the API's call cache (every call runs its "
+                         "argument checks, tens of µs of host time), so time cells whose kernel takes >= 0.5 ms")
     ap.add_argument("--skip", default="",
                     help="comma list of cudnn, sdpa_flash: not timed (their columns stay empty; the forward is still "
                          "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
@@ -336,6 +343,17 @@ def main():
         from fa4gen.plan import sm90
 
         sm90.BWD_STAGE_ORDER = (tuple(int(x) for x in args.bwd_stages.split(",")),) + sm90.BWD_STAGE_ORDER
+    if args.fwd_kernel is not None:  # (on the CPU too: the plans name each spec's forward kernels)
+        from fa4gen.plan import plan_kernels
+        from fa4gen.spec import spec_from_dict
+
+        for d, dv in _dims(args.dims):
+            for causal in (m == "causal" for m in _masks(args.masks)):
+                spec = row_specs(args, d, dv, causal)[0]
+                modules = [p.module for p in plan_kernels(spec_from_dict(spec), "sm90") if p.direction == "fwd"]
+                if args.fwd_kernel not in modules:
+                    raise SystemExit(f"--fwd-kernel: {spec['name']} has no forward kernel {args.fwd_kernel!r} "
+                                     f"(its forwards: {', '.join(modules)})")
     if args.gqa < 1 or any((2048 // d) % args.gqa for d, _ in _dims(args.dims)):
         raise SystemExit(f"--gqa: expected a positive count dividing every row's head count (2048 / d), got {args.gqa}")
     if args.processes < 1 or (args.processes > 1 and args.ablation):
@@ -372,6 +390,7 @@ def main():
     matmul = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
     print(f"bf16 8192^3 matmul: {matmul} TFLOP/s")
     rows = []
+    pins = contextlib.ExitStack()  # --fwd-kernel: the row's package runs every forward call on that kernel
     for d, dv in _dims(args.dims):
         for causal in (m == "causal" for m in _masks(args.masks)):
             t0 = time.perf_counter()
@@ -379,6 +398,10 @@ def main():
             fa4_kw = {"softcap": sc} if sc else {}  # flash-attn-4 computes the same softcap
             fwd_spec, bwd_spec, det_spec = row_specs(args, d, dv, causal)
             pkg = fa4gen.build(fwd_spec)
+            op = pkg._forward
+            pins.close()  # the previous row's package
+            if args.fwd_kernel is not None:
+                pins.enter_context(op.pinned(args.fwd_kernel))
             x = torch.randn(1, 128, 1, d, device="cuda", dtype=torch.bfloat16)
             pkg.attention(x, x, torch.randn(1, 128, 1, dv, device="cuda", dtype=torch.bfloat16))
             torch.cuda.synchronize()
@@ -399,7 +422,8 @@ def main():
                 flops = 2 * b * h * pairs * (d + dv)  # Q·Kᵀ over d, P·V over dv
                 windowed = causal and args.window is not None
                 res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
-                       "first_call_s": first_call_s, "window": (args.window, 0) if windowed else None}
+                       "first_call_s": first_call_s, "window": (args.window, 0) if windowed else None,
+                       "fa4gen_kernel": op.forward_plan(op.arch_for(q.device), s)["module"]}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
