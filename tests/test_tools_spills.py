@@ -23,6 +23,13 @@ def test_variants_cover_the_grid_with_valid_specs():
         spec = spec_from_dict(g)  # every variant is a valid spec
         assert spec.backward and (spec.head_dim, spec.head_dim_v) in ((64, 64), (192, 128))
         assert re.fullmatch(r"[a-z0-9_]+", g["name"])
+    # forward-only specs without the LSE (no deterministic twin: a backward property)
+    both = list(tool.variants([(64, 64)], ["chunked"], [20.0], [False], [False], [False, True], ["bf16"], [True, False]))
+    assert [(g["name"], g["backward"], g["deterministic"]) for g in both] == [
+        ("sw_bf16_d64_chunked_sc", True, False), ("sw_bf16_d64_chunked_sc_nolse", False, False),
+        ("sw_bf16_d64_chunked_sc_det", True, True)]
+    nolse = spec_from_dict(both[1])
+    assert not nolse.backward and not nolse.return_lse
 
 
 def test_sass_functions_and_spills_in_mma_loops():

@@ -28,13 +28,19 @@ MASKS = {
 }
 
 
-def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes):
-    """Spec dicts of the grid (backward: true, so each has a forward and a backward kernel)."""
-    for (d, dv), mask, softcap, gqa, varlen, det, dtype in itertools.product(dims, masks, softcaps, gqas, varlens, dets, dtypes):
+def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,)):
+    """Spec dicts of the grid: with the LSE, backward: true, so each has a forward (writing the LSE) and a backward
+    kernel; without (lses holding False), forward-only inference specs, return_lse: false (their forward keeps no
+    LSE registers, so it allocates differently: session 49's d64 chunked + softcap 192-row forward spilled 12 there
+    and 4 with the LSE). `dets` applies to the LSE variants only."""
+    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse in itertools.product(
+            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses):
+        if det and not lse:
+            continue  # (deterministic is a backward property)
         name = (f"sw_{dtype}_d{d}{f'x{dv}' if dv != d else ''}_{mask}{'_sc' if softcap else ''}"
-                f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}")
+                f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}")
         yield dict(name=name, targets=["sm90"], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
-                   softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=True, deterministic=det)
+                   softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=lse, deterministic=det)
 
 
 def _functions(sass: str):
@@ -115,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--varlen", default="0,1")
     ap.add_argument("--det", default="0,1")
     ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--lse", default="1", help="comma list: 1 = training specs (backward: true, the forward writes the "
+                    "LSE), 0 = forward-only specs without the LSE")
     ap.add_argument("--only", choices=("fwd", "bwd"), default=None, help="compile only this direction's kernels")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: one per CPU, as memory allows)")
@@ -123,7 +131,7 @@ def main(argv=None) -> int:
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
     flags = lambda text: [bool(int(x)) for x in text.split(",")]  # noqa: E731
     specs = variants(dims, args.masks.split(","), [float(x) for x in args.softcap.split(",")],
-                     flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","))
+                     flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse))
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,
