@@ -14,9 +14,11 @@ from conftest import ROOT, fa4gen_cli
 from fa4gen.builder import CompileJob, compile_jobs, compile_workers, plan_spec, render_spec, write_package
 from fa4gen.spec import spec_from_dict
 
-# a forward-only d64 spec without a mask: two small kernels (the persistent short-call one and the long one)
-SPEC = dict(name="jobs_probe", targets=["sm90"], dtype="bf16", head_dim=64, mask={"kind": "none"})
-SPEC_YAML = "name: jobs_probe\ntargets: [sm90]\ndtype: bf16\nhead_dim: 64\nmask: {kind: none}\n"
+# a forward-only d64 spec without a mask: two small kernels (the persistent short-call one and the long one; tile_m
+# set, since auto adds a third, the 128-row twin for the seqlen_q that pad 192-row tiles worst)
+SPEC = dict(name="jobs_probe", targets=["sm90"], dtype="bf16", head_dim=64, mask={"kind": "none"},
+            pipeline={"tile_m": 192})
+SPEC_YAML = "name: jobs_probe\ntargets: [sm90]\ndtype: bf16\nhead_dim: 64\nmask: {kind: none}\npipeline: {tile_m: 192}\n"
 
 
 def test_worker_count():

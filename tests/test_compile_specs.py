@@ -64,6 +64,8 @@ def test_every_spec_has_an_sm90_kernel(compiled):
         # a second forward for long calls (min_seqlen_q > 0): the 192-row one of a masked d64 spec (llama32_1b),
         # the one-CTA-per-tile twin of a persistent forward (vit_encoder, llama3_8b, ...)
         long = [("sm90", "fwd")] if any(p.min_seqlen_q for p in plans) else []
+        # and d <= 64 without a mask (vit_encoder) a 128-row twin for the lengths that pad 192-row tiles worst
+        long += [("sm90", "fwd")] * sum(bool(p.seqlen_q_ranges) for p in plans)
         # with allow_gqa a backward's MHA-call twin (bwd_sm90_mha) comes before it
         bwd = [("sm90", "bwd")] * (spec.backward + (spec.backward and spec.allow_gqa))
         assert [(p.arch, p.direction) for p in plans] == [("sm90", "fwd")] + long + bwd

@@ -230,6 +230,34 @@ def test_persistent_forward_strides_over_many_tiles(name):
         _assert_matches(q, k, v, out, lse, spec["softcap"], sem, f"{name} shape={(b, s_q, s_k, h, h_kv)} {kwargs}")
 
 
+@pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d64_none_q1"])
+def test_rows128_twin_runs_the_lengths_that_pad_192_row_tiles_worst(name):
+    """d <= 64 without a mask: calls whose seqlen_q lies in the plan's seqlen_q_ranges (1-128, 193-256, 577-640;
+    ViT-B/16's 197 tokens, ViT-L/14-336's 577) run the 128-row persistent twin fwd_sm90_rows128, the others the
+    192-row forward; both against the reference, with more tiles than CTAs, partial tiles and s_k != s_q."""
+    pkg, lock, spec, dtype, d, dv, gen = _setup(name, 3)
+    op = pkg._forward
+    (twin,) = op.range_plans["sm90"]
+    assert twin["module"] == "fwd_sm90_rows128" and twin["tile_m"] == 128 and op.plans["sm90"]["tile_m"] == 192
+    assert [tuple(r) for r in twin["seqlen_q_ranges"]] == [(1, 128), (193, 256), (577, 640)]
+    shapes = [(8, 197, 197, 12, 12), (3, 577, 577, 16, 16), (2, 640, 700, 8, 8), (2, 641, 500, 8, 8),
+              (16, 100, 300, 8, 8), (64, 1, 64, 4, 4), (4, 512, 512, 8, 8), (4, 192, 150, 8, 8), (4, 193, 193, 8, 8)]
+    for b, s_q, s_k, h, h_kv in shapes:
+        want = "fwd_sm90_rows128" if any(lo <= s_q <= hi for lo, hi in twin["seqlen_q_ranges"]) else "fwd_sm90"
+        q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
+        k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
+        v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)
+        out = torch.full((b, s_q, h, dv), float("nan"), device="cuda", dtype=dtype)
+        _poisoned_empty_lse((b, h, s_q))
+        with _recording_launches(op) as launched:
+            res = pkg.attention(q, k, v, out=out, return_lse=spec["return_lse"])
+        torch.cuda.synchronize()
+        assert launched == [want], (s_q, launched)
+        lse = res[1] if spec["return_lse"] else None
+        _assert_matches(q, k, v, out, lse, spec["softcap"], _semantics(lock, None, None),
+                        f"{name} shape={(b, s_q, s_k, h, h_kv)}")
+
+
 @pytest.mark.parametrize("name", ["vit_encoder", "llama3_8b", "mistral_7b", "llama32_1b"])
 def test_persistent_forward_on_fewer_sms(name):
     """The persistent forward launches one CTA per SM of the call's GPU (the API passes the count): a GPU

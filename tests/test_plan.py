@@ -92,13 +92,15 @@ def _plan(d: dict) -> KernelPlan:
 
 
 def _fwd_plans(spec) -> list[KernelPlan]:
-    """The forward plans: the default one, then any picked per call from some seqlen_q on (a spec with
-    backward: true also gets a bwd plan, checked further below, and with allow_gqa its MHA twin before it)."""
+    """The forward plans: the default one, then any picked per call from some seqlen_q on or for some seqlen_q
+    ranges (a spec with backward: true also gets a bwd plan, checked further below, and with allow_gqa its MHA
+    twin before it)."""
     plans = plan_kernels(spec, "sm90")
     fwd = [p for p in plans if p.direction == "fwd"]
     bwd = ["bwd"] * (spec.backward + (spec.backward and spec.allow_gqa))
     assert [p.direction for p in plans] == ["fwd"] * len(fwd) + bwd
-    assert [p.min_seqlen_q > 0 for p in fwd] == [False] + [True] * (len(fwd) - 1)
+    assert [p.min_seqlen_q > 0 or bool(p.seqlen_q_ranges) for p in fwd] == [False] + [True] * (len(fwd) - 1)
+    assert not any(p.min_seqlen_q and p.seqlen_q_ranges for p in fwd)
     return fwd
 
 
@@ -410,7 +412,8 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
             ("fwd_sm90", 0, fwd[0].tile_m), ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q, fwd[0].tile_m)]
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}))
     assert [(p.module, p.tile_m, p.scheduler) for p in plan_kernels(spec, "sm90")] == [
-        ("fwd_sm90", 192, "persistent"), ("fwd_sm90_long", 192, "grid")]  # no mask: see the persistent test
+        ("fwd_sm90", 192, "persistent"), ("fwd_sm90_long", 192, "grid"),
+        ("fwd_sm90_rows128", 128, "persistent")]  # no mask: see the persistent and the rows128 tests
 
 
 def test_tile_m_192_with_head_dim_128_is_over_the_register_budget():
@@ -623,6 +626,8 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         assert p.q_stages == (2 if d <= 128 else 1), hd  # auto: two Q buffers up to d128
         # long calls: the same tiles, one CTA per tile, from PERSISTENT_MAX_SEQLEN_Q on
         plans = plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")
+        if hd[0] <= 64:  # d64's 128-row twin for the lengths that pad 192-row tiles worst (the rows128 test)
+            assert plans.pop().module == "fwd_sm90_rows128"
         assert [(q.module, q.scheduler, q.min_seqlen_q) for q in plans] == [
             ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", PERSISTENT_MAX_SEQLEN_Q)]
         same = {f.name for f in dataclasses.fields(KernelPlan)} - {
@@ -840,7 +845,7 @@ def test_forward_q_stages_two_buffers_in_the_persistent_forward_only():
         assert auto == dataclasses.replace(two, notes=auto.notes)  # auto: the hand-set 2, its note says auto
         smem = [next(b.used for b in p.budgets if b.name == "shared memory per CTA") for p in (one, two)]
         assert smem[1] == smem[0] + two.tile_m * hd[0] * 2 + 16 <= 232448
-        assert all(p.q_stages == 1 for p in rest1 + rest2 + rest_auto)  # the long-call twins
+        assert all(p.q_stages == 1 for p in rest1 + rest2 + rest_auto if p.min_seqlen_q)  # the long-call twins
         assert any("q_stages 2" in n for n in two.notes) and not any("q_stages 2" in n for n in one.notes)
         assert any("q_stages auto -> 2" in n for n in auto.notes)
     # above AUTO_Q_STAGES_MAX_HEAD_DIM auto keeps 1 (d144 has room for the second buffer but was not measured)
@@ -858,3 +863,42 @@ def test_forward_q_stages_two_buffers_in_the_persistent_forward_only():
     for q in (1, "auto"):
         (p, *_) = fwds((128, None), none, {"q_stages": q, "tile_n": 160})
         assert (p.scheduler, p.q_stages) == ("persistent", 1)
+
+
+def test_forward_rows128_twin_for_the_lengths_that_pad_192_row_tiles_worst():
+    """d <= 64 without a mask (tile_m auto: 192 rows, persistent) gets a 128-row persistent twin for the seqlen_q
+    whose 192-row tiles compute more than ROWS128_RATE times the rows 128-row tiles do (session 49, H200: 128 rows
+    +36% at s197, +8% at s577; session 47: -2.5% at s512); masked, hand-set tile_m, varlen and larger head dims
+    have none. The twin is the hand-set tile_m 128 plan but for its module, dispatch ranges and note."""
+    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, ROWS128_RATE, rows128_ranges
+
+    ranges = rows128_ranges()
+    assert ranges == ((1, 128), (193, 256), (577, 640))
+    inside = {s for a, b in ranges for s in range(a, b + 1)}
+    for s in range(1, PERSISTENT_MAX_SEQLEN_Q):
+        pad128, pad192 = -(-s // 128) * 128, -(-s // 192) * 192
+        assert (s in inside) == (pad128 * ROWS128_RATE < pad192), s
+    assert {197, 577} <= inside and not {512, 1024, 257, 1025} & inside  # ViT lengths in, the grid's lengths out
+    # the rate decides: at 1.0 every length with fewer 128-row padded rows joins (385-512 among them)
+    assert (385, 512) in rows128_ranges(rate=1.0) and rows128_ranges(limit=200) == ((1, 128), (193, 199))
+
+    def fwds(hd, mask, pipeline, **kw):
+        return [p for p in plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline, **kw)), "sm90")
+                if p.direction == "fwd"]
+
+    none = {"kind": "none"}
+    for hd in ((64, None), (32, None)):
+        default, long, twin = fwds(hd, none, {})
+        hand = fwds(hd, none, {"tile_m": 128})[0]
+        assert (default.tile_m, default.scheduler, twin.tile_m, twin.scheduler) == (192, "persistent", 128, "persistent")
+        assert (twin.module, twin.seqlen_q_ranges, twin.min_seqlen_q, long.seqlen_q_ranges) == (
+            "fwd_sm90_rows128", ranges, 0, ())
+        assert twin == dataclasses.replace(hand, module=twin.module, seqlen_q_ranges=ranges, notes=twin.notes)
+        assert twin.notes[-1].startswith("dispatch: the API runs this 128-row kernel for calls with seqlen_q in "
+                                         "1-128, 193-256, 577-640")
+    # no twin: masked (128 rows already), hand-set tile_m (either), varlen, head dims above 64
+    assert [p.module for p in fwds((64, None), {"kind": "causal"}, {})] == ["fwd_sm90", "fwd_sm90_long"]
+    for pipeline in ({"tile_m": 192}, {"tile_m": 128}):
+        assert "fwd_sm90_rows128" not in [p.module for p in fwds((64, None), none, pipeline)]
+    assert [p.module for p in fwds((64, None), none, {}, varlen=True)] == ["fwd_sm90"]
+    assert "fwd_sm90_rows128" not in [p.module for p in fwds((96, None), none, {})]

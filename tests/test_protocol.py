@@ -287,12 +287,13 @@ def test_sm100_roles_use_the_pipelines_the_model_checks():
 
 @pytest.mark.parametrize("name", ["llama3_8b", "vit_encoder"])
 def test_sm90_roles_use_the_pipelines_the_model_checks(name):
-    """Each forward module of the spec (the persistent forward and its one-CTA-per-tile twin; llama3_8b with a
-    causal mask) calls the pipeline methods, and names the barriers, that the model runs."""
+    """Each forward module of the spec (the persistent forward and its one-CTA-per-tile twin, vit_encoder's 128-row
+    twin; llama3_8b with a causal mask) calls the pipeline methods, and names the barriers, that the model runs."""
     spec = load_spec(ROOT / "specs" / f"{name}.yaml")  # backward: true; its backward is not modelled
     pkg, plans, _ = render_spec(spec, "test")
     fwds = [p for p in plans if p.direction == "fwd"]
-    assert [p.scheduler == "persistent" for p in fwds] == [True, False]  # persistent + its long-call twin
+    # persistent + its long-call twin (+ vit_encoder's 128-row twin)
+    assert [p.scheduler == "persistent" for p in fwds] == [True, False] + [True] * (name == "vit_encoder")
     for plan in fwds:
         text = pkg.files[f"{plan.module}.py"]
         sections = _sections(text, {"producer": "# Load role", "consumer": "# MMA role"})

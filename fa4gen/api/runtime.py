@@ -297,10 +297,13 @@ class ForwardOp:
         self.spec = lock["spec"]
         self.name = self.spec["name"]
         fwd = [p for p in lock["plans"] if p["direction"] == "fwd"]
-        self.plans = {p["arch"]: p for p in fwd if not p.get("min_seqlen_q")}
+        self.plans = {p["arch"]: p for p in fwd if not p.get("min_seqlen_q") and not p.get("seqlen_q_ranges")}
         # per arch, the forwards picked by seqlen_q (plan min_seqlen_q), longest threshold first
         self.long_plans = {a: sorted((p for p in fwd if p["arch"] == a and p.get("min_seqlen_q")),
                                      key=lambda p: -p["min_seqlen_q"]) for a in self.plans}
+        # per arch, the forwards picked by seqlen_q ranges (plan seqlen_q_ranges: a d <= 64 spec's 128-row twin for
+        # the lengths that pad its 192-row tiles worst; lock files written before session 49 have none)
+        self.range_plans = {a: [p for p in fwd if p["arch"] == a and p.get("seqlen_q_ranges")] for a in self.plans}
         self._fwd_modules = {p["module"]: p for p in fwd}
         self._pinned: str | None = None
         # call_key -> what a launch of that signature needs (see _replay): calls repeat their shapes
@@ -367,11 +370,15 @@ class ForwardOp:
 
     def forward_plan(self, arch: str, seqlen_q: int) -> dict:
         """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
-        whose min_seqlen_q it reaches, else the arch's default; `pinned` overrides."""
+        whose min_seqlen_q it reaches, else the first with a seqlen_q range holding it, else the arch's default;
+        `pinned` overrides."""
         if self._pinned is not None:
             return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
             if seqlen_q >= plan["min_seqlen_q"]:
+                return plan
+        for plan in self.range_plans.get(arch, ()):
+            if any(first <= seqlen_q <= last for first, last in plan["seqlen_q_ranges"]):
                 return plan
         return self.plans[arch]
 
@@ -464,7 +471,7 @@ class ForwardOp:
 
     def kernel_plans(self, arch: str) -> list[dict]:
         """Every kernel plan of this package for `arch`: the forwards, then the backwards (the MHA-call one too)."""
-        plans = [self.plans[arch], *self.long_plans.get(arch, ())]
+        plans = [self.plans[arch], *self.long_plans.get(arch, ()), *self.range_plans.get(arch, ())]
         return plans + [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans) if arch in p]
 
     @staticmethod

@@ -89,13 +89,15 @@ class Case:
 
 def check_name(plan: dict, check: str) -> str:
     """A check's name in the table: as is for a forward kernel, after the direction otherwise, after
-    the dispatch rule for a kernel that runs only from some seqlen_q on (KernelPlan.min_seqlen_q) or only
-    for MHA calls ("mha": KernelPlan.mha_only)."""
+    the dispatch rule for a kernel that runs only from some seqlen_q on (KernelPlan.min_seqlen_q), only for
+    some seqlen_q ranges (KernelPlan.seqlen_q_ranges) or only for MHA calls ("mha": KernelPlan.mha_only)."""
     words = [] if plan["direction"] == "fwd" else [plan["direction"]]
     if plan.get("mha_only"):
         words.append("mha")
     if plan.get("min_seqlen_q"):
         words.append(f"seqlen_q>={plan['min_seqlen_q']}")
+    if plan.get("seqlen_q_ranges"):
+        words.append("seqlen_q in " + ",".join(f"{a}-{b}" for a, b in plan["seqlen_q_ranges"]))
     return " ".join([*words, check])
 
 
@@ -220,7 +222,7 @@ def has_hopper() -> bool:
 
 def kernel_of(pkg, plan: dict):
     """A context in which the package's calls run `plan`'s kernel whatever their seqlen_q or head counts (a
-    package may hold several forwards of one arch, picked per call: KernelPlan.min_seqlen_q, and two backwards,
+    package may hold several forwards of one arch, picked per call: KernelPlan.min_seqlen_q / seqlen_q_ranges, and two backwards,
     the MHA one for calls with as many K/V heads as query heads: KernelPlan.mha_only)."""
     op = getattr(pkg, "_forward", None)
     return op.pinned(plan["module"]) if hasattr(op, "pinned") else contextlib.nullcontext()

@@ -84,6 +84,9 @@ class KernelPlan:
     # dispatch: the API runs this kernel for calls whose seqlen_q (the longest sequence, packed) is at
     # least this; 0 = the default kernel of its (arch, direction)
     min_seqlen_q: int = 0
+    # dispatch: the API runs this kernel for calls whose seqlen_q lies in one of these inclusive (first, last)
+    # ranges, all below the arch's min_seqlen_q kernels; () = not picked by range
+    seqlen_q_ranges: tuple[tuple[int, int], ...] = ()
     # dispatch (backward): the API runs this kernel only for calls with as many K/V heads as query heads; the
     # spec allows GQA, and its other backward (dK/dV summed in fp32 over each group) takes the GQA/MQA calls
     mha_only: bool = False

@@ -286,6 +286,46 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, notes=(*plan.notes, note))
 
 
+# d <= 64 without a mask runs 192-row tiles, which compute more rows per second than 128-row ones (+14-16% at full tiles,
+# session 14) but pad a call whose seqlen_q fills its last tile poorly. Session 49 on the H200, d64 (fa4gen at 128 /
+# 192 rows, TFLOP/s of the true rows): s197 193.0 / 141.7 (two 192-row tiles compute 384 rows, two 128-row ones 256),
+# s577 335.6 / 311.9 (768 / 640); session 47, s512: 0.975 (576 / 512). So the per-row rate of 192 over 128 is ~1.10-1.18,
+# and a call runs 128 rows where 192's padded rows exceed 128's by more than ROWS128_RATE: seqlen_q 1-128, 193-256 and
+# 577-640 below PERSISTENT_MAX_SEQLEN_Q (ViT-B/16's 197 tokens and ViT-L/14-336's 577 among them)
+ROWS128_RATE = 1.15
+
+
+def rows128_ranges(limit: int = 0, rate: float = ROWS128_RATE) -> tuple[tuple[int, int], ...]:
+    """The inclusive seqlen_q ranges below `limit` (default PERSISTENT_MAX_SEQLEN_Q) where 128-row tiles, at `rate`
+    times the per-row cost of 192-row ones, take less time: ceil(s / 128) * 128 * rate < ceil(s / 192) * 192."""
+    out: list[list[int]] = []
+    for s in range(1, limit or PERSISTENT_MAX_SEQLEN_Q):
+        if -(-s // 128) * 128 * rate < -(-s // 192) * 192:
+            if out and out[-1][1] == s - 1:
+                out[-1][1] = s
+            else:
+                out.append([s, s])
+    return tuple((a, b) for a, b in out)
+
+
+def plan_forward_rows128(spec: AttentionSpec) -> KernelPlan | None:
+    """The 128-row persistent twin of a default 192-row persistent forward (d <= 64, no mask, tile_m auto, not
+    packed) for the calls whose seqlen_q pads 192-row tiles worst (rows128_ranges), else None."""
+    if spec.pipeline.tile_m != "auto" or spec.varlen:
+        return None
+    default = plan_forward(spec)
+    if default.tile_m != 192 or default.scheduler != "persistent":
+        return None
+    plan = plan_forward(spec.model_copy(update={"pipeline": spec.pipeline.model_copy(update={"tile_m": 128})}))
+    if plan.scheduler != "persistent":
+        return None
+    ranges = rows128_ranges()
+    shown = ", ".join(f"{a}-{b}" for a, b in ranges)
+    note = (f"dispatch: the API runs this 128-row kernel for calls with seqlen_q in {shown} (192-row tiles would "
+            f"compute more than {ROWS128_RATE}x its padded rows there), fwd_sm90 (192 rows) otherwise")
+    return replace(plan, module="fwd_sm90_rows128", seqlen_q_ranges=ranges, notes=(*plan.notes, note))
+
+
 # Backward: one CTA per (key block, q head, batch); two consumer warpgroups of 64 query rows each split
 # S/dP and dQ by columns and dK/dV by key rows (tile_n 128) or by head-dim columns (tile_n 64).
 REGS_BWD_OVERHEAD = 16
