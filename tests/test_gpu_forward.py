@@ -45,7 +45,7 @@ EXTRA = {
     # (test_long_calls_run_the_192_row_kernel; session 13's coverage audit: no test call had reached one)
     "x_fp16_d64_window_softcap": dict(dtype="fp16", head_dim=64, softcap=20.0, return_lse=True,
                                       mask={"kind": "sliding_window", "left": 300, "right": 40}),
-    # (192, 128) with a sliding window (its own auto tile_n: 112; docs/patches/0002 takes 96), fp32 LSE and GQA
+    # (192, 128) with a sliding window (its own auto tile_n: 96), fp32 LSE and GQA
     "x_bf16_d192_128_window": dict(dtype="bf16", head_dim=192, head_dim_v=128, allow_gqa=True, return_lse=True,
                                    mask={"kind": "sliding_window", "left": 100, "right": 20}),
     # head dims 129-192 run 96-key blocks since session 48: d192 with a mask and softcap

@@ -601,7 +601,7 @@ def test_forward_192_128_takes_128_keys():
     for mask in ({"kind": "none"}, {"kind": "causal"}, {"kind": "chunked", "chunk_size": 96}):
         p = fwd(mask)
         assert p.tile_n == 128 and p.smem_bytes <= 232448, mask
-    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 112
+    assert fwd({"kind": "sliding_window", "left": 100, "right": 0}).tile_n == 96
     # head dims 129-192 otherwise: 96 keys (session 48)
     for d in (144, 160, 176, 192):
         assert plan_kernels(spec_from_dict(_spec_dict(0, (d, None), "bf16", {"kind": "none"}, {})), "sm90")[0].tile_n == 96

@@ -47,10 +47,9 @@ def _tile_n_and_regs(spec: AttentionSpec) -> tuple[int, int]:
     """(tile_n, the consumer registers per thread the forward needs: O + S + P fragments + overhead)."""
     tile_n = _auto_tile_n(spec.head_dim) if spec.pipeline.tile_n == "auto" else spec.pipeline.tile_n
     if spec.pipeline.tile_n == "auto" and (spec.head_dim, spec.head_dim_v) == (192, 128):
-        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there); with a window 112, as
-        # measured in sessions 35-43 (96 measured faster in session 49, raw +2-3%, but no GPU numerics test has run
-        # that kernel yet: docs/patches/0002)
-        tile_n = 112 if spec.mask.kind == "sliding_window" else 128
+        # (192, 128): V's 128 columns leave room for 128 keys (flash-attn-4's tile there); with a window 96 (session
+        # 49, H200, same-tree A/B against 112, causal window 1024 s2k / s8k: raw 1.027 / 1.019)
+        tile_n = 96 if spec.mask.kind == "sliding_window" else 128
     return tile_n, spec.head_dim_v // 2 + tile_n // 2 + tile_n // 4 + REGS_OVERHEAD
 
 
