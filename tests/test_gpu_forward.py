@@ -72,6 +72,10 @@ EXTRA = {
     "x_bf16_d64_none_q1": dict(dtype="bf16", head_dim=64, return_lse=True, pipeline={"q_stages": 1}),
     "x_fp16_d128_causal_q1": dict(dtype="fp16", head_dim=128, allow_gqa=True, return_lse=True, mask={"kind": "causal"},
                                   pipeline={"q_stages": 1}),
+    # a masked d64 spec with a chunked mask and softcap, no LSE: its 192-row kernel for long calls kept 12 LDL/STL
+    # until the rows' chunk starts moved out of the key-block loop (session 49; test_long_calls_run_the_192_row_kernel)
+    "x_bf16_d64_chunked_softcap": dict(dtype="bf16", head_dim=64, softcap=20.0,
+                                       mask={"kind": "chunked", "chunk_size": 96}),
 }
 SHAPES = [  # (batch, seqlen_q, seqlen_k, heads, kv_heads)
     (2, 128, 128, 4, 4),
@@ -295,7 +299,8 @@ def test_persistent_forward_on_fewer_sms(name):
         op._calls.clear()
 
 
-@pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16)])
+@pytest.mark.parametrize("name, dtype", [("llama32_1b", torch.bfloat16), ("x_fp16_d64_window_softcap", torch.float16),
+                                         ("x_bf16_d64_chunked_softcap", torch.bfloat16)])
 def test_long_calls_run_the_192_row_kernel(name, dtype):
     """A masked d64 spec (tile_m auto) holds two forwards: calls from LONG_SEQLEN_Q query rows on run the
     192-row one (fwd_sm90_long), shorter ones the 128-row one; both against the reference, with seqlen_k on

@@ -82,6 +82,7 @@ def apply_mask(
     local: cutlass.Constexpr[bool],
     chunked: cutlass.Constexpr[bool],
     coords0: cute.Tensor = None,
+    chunk_lo: list = None,
 ):
     """Set masked scores to -inf. `s` and `coords` are (row, col) views of one tile;
     row_offset/col_offset place the tile; pos_shift = seqlen_k - seqlen_q.
@@ -127,8 +128,11 @@ def apply_mask(
         pos = coords[r, 0][0] + row_offset + pos_shift
         lo, hi = row_bounds(
             pos, seqlen_k, window_left, window_right, chunk,
-            causal=causal, local=local, chunked=chunked,
+            causal=causal, local=local, chunked=chunked and chunk_lo is None,
         )
+        if cutlass.const_expr(chunked and chunk_lo is not None):
+            hi = cutlass.min(hi, pos + 1)
+            lo = chunk_lo[r]
         hi = hi - col_offset - shift
         lo = lo - col_offset - shift
         for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
@@ -140,6 +144,13 @@ def apply_mask(
                 s[r, c] = -Float32.inf if col >= hi or col < lo else s[r, c]
             else:
                 s[r, c] = ninf_or_keep(col >= hi, s[r, c])
+
+
+def chunk_starts(coords: cute.Tensor, row_offset: Int32, pos_shift: Int32, chunk: Int32) -> list:
+    """Per row of `coords` (a (row, col) view), the chunk start of its key-space position: the chunked mask's
+    lower bound, computed once per query tile for `apply_mask(chunk_lo=...)` instead of in every masked key block."""
+    return [cutlass.max(coords[r, 0][0] + row_offset + pos_shift, 0) // chunk * chunk
+            for r in range(cute.size(coords, mode=[0]))]
 
 
 def _fragment_columns(coords0: cute.Tensor, n_cols: int, mode: int = 1) -> bool:
