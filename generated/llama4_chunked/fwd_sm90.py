@@ -253,6 +253,7 @@ class FlashFwdSm90:
                     # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                     cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
                 n_hi, n_lo = mask.mask_phases(bounds, n_min, n_max, TILE_N)
+                chunk_lo = mask.chunk_starts(tScS_rc, m_block * TILE_M, seqlen_k - seqlen_q, chunk)
                 if n_max > n_min:
                     # first (highest) key block: S only; its P·V is issued together with the next S
                     n_block = n_max - 1
@@ -268,7 +269,7 @@ class FlashFwdSm90:
                     pipe_k.consumer_release(kv_state)
                     mask.apply_mask(
                         s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
+                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc, chunk_lo=chunk_lo,
                     )
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
@@ -304,7 +305,7 @@ class FlashFwdSm90:
                     pipe_k.consumer_release(kv_state)
                     mask.apply_mask(
                         s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
+                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc, chunk_lo=chunk_lo,
                     )
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
@@ -378,7 +379,7 @@ class FlashFwdSm90:
                     pipe_k.consumer_release(kv_state)
                     mask.apply_mask(
                         s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc,
+                        Int32(-1), Int32(-1), chunk, **MASK, coords0=tScS0_rc, chunk_lo=chunk_lo,
                     )
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
