@@ -66,7 +66,7 @@ def test_second_process_loads_from_disk_cache(tmp_path):
 
 def test_precompile_loads_every_kernel_so_no_call_compiles(tmp_path):
     """precompile() on the GPU: every kernel of the package compiled in compile processes and loaded, so the
-    calls that follow (forward of both lengths, backward) log no compile; the result is still attention."""
+    calls that follow (forward of both lengths: the 128-row twin and the long kernel, backward) log no compile; the result is still attention."""
     code = (
         "import torch, generated.vit_encoder as p\n"
         "print('RESULT', sorted(p.precompile(jobs=2).items()))\n"
@@ -79,9 +79,11 @@ def test_precompile_loads_every_kernel_so_no_call_compiles(tmp_path):
     env.pop("FA4GEN_QUIET", None)  # the log lines are what this test reads
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "RESULT [('bwd_sm90', 'compiled'), ('fwd_sm90', 'compiled'), ('fwd_sm90_long', 'compiled')]" in r.stdout
-    assert "compiling 3 kernels in 2 processes" in r.stderr
-    assert "fa4gen: compiling vit_encoder" not in r.stderr  # no call compiled: precompile loaded all three
+    # (fwd_sm90_rows128: the 128-row twin that runs seqlen_q 77)
+    assert ("RESULT [('bwd_sm90', 'compiled'), ('fwd_sm90', 'compiled'), ('fwd_sm90_long', 'compiled'), "
+            "('fwd_sm90_rows128', 'compiled')]") in r.stdout
+    assert "compiling 4 kernels in 2 processes" in r.stderr
+    assert "fa4gen: compiling vit_encoder" not in r.stderr  # no call compiled: precompile loaded all four
 
 
 def test_repeated_calls_replay_the_launch_with_new_data():
