@@ -225,8 +225,11 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
 # grid shapes (docs/PERF.md, session 4): 192 rows +7% at 4k and +14% at 16k, but -9% at 1k (short causal
 # rows waste more of a 192-row diagonal tile, and there are fewer CTAs to balance). Since session 15 the 128-row
 # one is persistent; same-run A/B with the threshold at 4096 instead (docs/PERF.md, session 15): the persistent
-# 128-row forward -1% at 2k and -8% at 3k against the 192-row grid, so the threshold stays.
-LONG_SEQLEN_Q = 2048
+# 128-row forward -1% at 2k and -8% at 3k against the 192-row grid, so the threshold stayed. With two Q buffers in the
+# persistent forward (session 49) the 128-row one took the lead below 3k: same-run A/Bs, session 50 (raw, the 128-row
+# persistent kernel pinned against the 192-row one): +6.1% / +4.4% at 2048, +1.7% at 2560, -2.4% at 3072, -2.3% at
+# 3584, -5.5% at 4096; the threshold moved from 2048 to 2560 (2560-3071 fall between +1.7% and -2.4%).
+LONG_SEQLEN_Q = 2560
 
 
 # The persistent forward runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
