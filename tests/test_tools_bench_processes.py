@@ -135,4 +135,8 @@ def test_fwd_kernel_must_be_a_forward_of_every_row_spec():
                                     "(its forwards: fwd_sm90)") in res.stderr, res.stderr[-500:]
     res = run("--dims", "64", "--masks", "none,causal", "--fwd-kernel", "fwd_sm90_rows")
     assert res.returncode != 0 and ("bench_d64_full has no forward kernel 'fwd_sm90_rows' (its forwards: fwd_sm90, "
-                                    "fwd_sm90_long)") in res.stderr, res.stderr[-500:]
+                                    "fwd_sm90_long, fwd_sm90_rows128)") in res.stderr, res.stderr[-500:]
+    # the 128-row twin belongs to d64 without a mask only: the causal row's spec stops the run
+    res = run("--dims", "64", "--masks", "none,causal", "--fwd-kernel", "fwd_sm90_rows128")
+    assert res.returncode != 0 and ("bench_d64_causal has no forward kernel 'fwd_sm90_rows128' (its forwards: "
+                                    "fwd_sm90, fwd_sm90_long)") in res.stderr, res.stderr[-500:]
