@@ -34,6 +34,21 @@ from fa4gen.compile.cache import (
 
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
+# Passes of CuTe-DSL's cute-to-nvvm pipeline that fa4gen's kernels compile without. StrengthReductionPass: the SASS
+# of every kernel of the committed specs, sm_90a and sm_100a, is identical with and without it, instruction for
+# instruction (session 50, CPU: tools/pipeline_sass_check.py; tests/test_compile_passes.py keeps a forward and a
+# backward checked), while it took 0.10 s of the persistent d128 causal forward's 1.2 s native compile (flash-attn-4's
+# forward: 0.055 s; tools/compile_time_cpu.py --pass-timing): the index arithmetic it would reduce is written reduced
+# already (fast-divmod divisors, per-tile offsets) and ptxas reduces the rest. (NvgpuOptimizationPass, 0.045 s, was
+# tried too: it changes the GQA kernels' head-group division, so it stays on.)
+# FA4GEN_FULL_PIPELINE=1 compiles with the whole pipeline (to compare, or if a toolchain disagrees).
+SKIPPED_PASS_OPTIONS = ("use-strength-reduction-pass=false",)
+
+
+def pass_options() -> str:
+    """The cute-to-nvvm options this process compiles with (empty with FA4GEN_FULL_PIPELINE=1)."""
+    return "" if os.environ.get("FA4GEN_FULL_PIPELINE") == "1" else " ".join(SKIPPED_PASS_OPTIONS)
+
 
 # one import at a time: a module sits in sys.modules while it executes, so without it a second thread
 # importing the same package would get the unfinished module (re-entrant: a package's __init__ imports
@@ -193,7 +208,7 @@ def kernel_cache_key(source: str, cute_arch: str, used: Mapping[str, str] | None
     not given."""
     return cache_key(
         source=source, helper_sources=used_helper_sources(source) if used is None else used, arch=cute_arch,
-        options={"options": COMPILE_OPTIONS, "env": compile_settings()},
+        options={"options": COMPILE_OPTIONS, "passes": pass_options(), "env": compile_settings()},
     )
 
 
@@ -268,11 +283,27 @@ def _compile_generated(
     def build():
         # Imported only on a cache miss: a hit needs neither the module nor a trace.
         import cutlass.cute as cute
+        from cutlass.base_dsl.compiler import EnableTVMFFI, ExtraCompilerOpts
 
         module = _module_from_source(qualified_name, Path(path), source, key)
         kernel = getattr(module, plan["class_name"])()
+        # (options as option objects: an options= string replaces them, and raw pass options have no string form;
+        # a fresh compile callable each time, since CUTE_DSL_COMPILER_OPT from the environment is appended to it)
+        passes = pass_options()
         # no JIT engine: compile_kernel loads the exported kernel instead (the host code is not generated twice)
-        return cute.compile(kernel, *module.fake_arguments(), options=COMPILE_OPTIONS, no_jit_engine=True)
+        if not passes:
+            return cute.compile[EnableTVMFFI](kernel, *module.fake_arguments(), no_jit_engine=True)
+        try:
+            return cute.compile[EnableTVMFFI, ExtraCompilerOpts(passes)](kernel, *module.fake_arguments(),
+                                                                         no_jit_engine=True)
+        except Exception as err:  # a CuTe-DSL whose pipeline lacks one of the options: the whole pipeline, said once
+            if "cute-to-nvvm" not in str(err) or passes not in str(err):
+                raise
+            warnings.warn(f"this CuTe-DSL's cute-to-nvvm pipeline rejects {passes!r}; compiling with the whole "
+                          "pipeline (set FA4GEN_FULL_PIPELINE=1 to skip this attempt)", FA4GenCacheWarning,
+                          stacklevel=2)
+            kernel = getattr(module, plan["class_name"])()
+            return cute.compile[EnableTVMFFI](kernel, *module.fake_arguments(), no_jit_engine=True)
 
     return compile_kernel(
         build_fn=build,
