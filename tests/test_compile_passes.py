@@ -80,5 +80,5 @@ def test_forward_and_backward_compile_to_the_same_sass_without_the_passes(tmp_pa
     trim = compile_all(pairs, tmp_path / "trim", False, 0, None)
     assert sorted(full) == sorted(trim) == [("passes", "sm90", "bwd_sm90"), ("passes", "sm90", "fwd_sm90")]
     for key in full:
-        assert full[key] and len(full[key]) > 1000, key  # (a real kernel, not an empty listing)
-        assert full[key] == trim[key], key
+        assert full[key] and len(full[key][0]) > 1000 and full[key][1], key  # (a real kernel, not an empty listing)
+        assert full[key] == trim[key], key  # instructions and resources

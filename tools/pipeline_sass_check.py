@@ -1,7 +1,8 @@
 """Does fa4gen's trimmed cute-to-nvvm pipeline (fa4gen.compile.generated.SKIPPED_PASS_OPTIONS) compile the same
 machine code as CuTe-DSL's whole one? Every kernel of the given specs is compiled twice on the CPU (no GPU), once
 with FA4GEN_FULL_PIPELINE=1 and once without, and the two SASS listings are compared instruction for
-instruction (addresses, encodings and the kernel symbols, which carry the cache key, left out). Prints one row
+instruction (addresses, encodings and the kernel symbols, which carry the cache key, left out), and so are the
+cubins' resources (registers, shared memory, stack, spill counts). Prints one row
 per kernel and exits 1 when any kernel differs or fails to compile, so a new toolchain or a new kernel shape that
 the skipped passes would have changed shows up before a GPU session does.
 
@@ -56,9 +57,18 @@ def compile_all(pairs, root: Path, full: bool, workers: int, log, opts: str = ""
                 os.environ["CUTE_DSL_COMPILER_OPT"] = saved
     for (spec, _), rows in zip(pairs, results):
         for plan, report, sass in rows:
-            out[(spec.name, plan.arch, plan.module)] = instructions(sass) if sass and report.status in (
-                "compiled", "cached") else None
+            out[(spec.name, plan.arch, plan.module)] = (instructions(sass), resources(report.meta)) if sass and (
+                report.status in ("compiled", "cached")) else None
     return out
+
+
+def resources(meta: dict) -> list:
+    """Each CUDA function's resources from the cubin (registers, shared memory, stack, ...), by function in the
+    order of their names (which carry the cache key, so they are left out), and the module's spill counts."""
+    kernels = meta.get("kernels", {})
+    return [sorted(kernels[name].items()) for name in sorted(kernels)] + [
+        (k, meta.get(k)) for k in ("registers", "smem_static", "smem_dynamic", "stack_frame", "spill_loads",
+                                   "spill_stores")]
 
 
 def main(argv=None) -> int:
@@ -106,7 +116,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     for key in full:
         a, b = full[key], trim.get(key)
-        same = a is not None and a == b
+        same = a is not None and a == b  # (the same instructions and the same resources)
+        a, b = a and a[0], b and b[0]
         failed += not same
         if args.dump and not same:
             Path(args.dump).mkdir(parents=True, exist_ok=True)
