@@ -293,7 +293,9 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
 # 192 rows, TFLOP/s of the true rows): s197 193.0 / 141.7 (two 192-row tiles compute 384 rows, two 128-row ones 256),
 # s577 335.6 / 311.9 (768 / 640); session 47, s512: 0.975 (576 / 512). So the per-row rate of 192 over 128 is ~1.10-1.18,
 # and a call runs 128 rows where 192's padded rows exceed 128's by more than ROWS128_RATE: seqlen_q 1-128, 193-256 and
-# 577-640 below PERSISTENT_MAX_SEQLEN_Q (ViT-B/16's 197 tokens and ViT-L/14-336's 577 among them)
+# 577-640 below PERSISTENT_MAX_SEQLEN_Q (ViT-B/16's 197 tokens and ViT-L/14-336's 577 among them). Session 50 (same-run
+# A/B, 128 rows against the 192-row kernel): s512 / s1k, which 192 rows pad by 12.5%, 0.994 / 0.996, s1536 (no padding)
+# 0.906; the twin against 192 rows: s197 1.381, s577 1.078, s640 1.045, s100 1.344 (raw). Break-even near 12.5%: the rate stays.
 ROWS128_RATE = 1.15
 
 
