@@ -59,3 +59,17 @@ def test_against_ref_stops_when_a_side_imported_the_other_tree(tmp_path, monkeyp
     with pytest.raises(SystemExit, match="side ref: fa4gen came from"):
         tool.main(["--against-ref", "--rounds", "1"])
     assert seen[-1][0] == str(tmp_path / ".ab" / "ref") and seen[-1][1] != tmp_path
+
+
+def test_variants_time_the_same_call_on_both_sides():
+    """--head-dim / --mask: fa4gen's spec and flash-attn-4's call take the same head dim and mask; the default
+    (d128 causal) keeps the spec, so its name and cache keys, as before."""
+    tool = _tool()
+    assert tool.spec_for(128, True) is tool.SPEC
+    spec = tool.spec_for(64, False)
+    assert (spec["name"], spec["head_dim"], spec["mask"]) == ("compile_time_d64_none", 64, {"kind": "none"})
+    from fa4gen.spec import spec_from_dict
+
+    assert spec_from_dict(spec).head_dim == 64
+    code = tool.FA4.format(hook="", site="/x", head_dim=64, causal=False)
+    assert "torch.empty(1, 128, 1, 64," in code and "causal=False" in code
