@@ -73,3 +73,19 @@ def test_variants_time_the_same_call_on_both_sides():
     assert spec_from_dict(spec).head_dim == 64
     code = tool.FA4.format(hook="", site="/x", head_dim=64, causal=False)
     assert "torch.empty(1, 128, 1, 64," in code and "causal=False" in code
+
+
+def test_backward_times_the_backward_kernels_of_a_training_spec():
+    """--backward: fa4gen's side compiles the backward plan of an MHA training spec, flash-attn-4's calls
+    _flash_attn_bwd on fake tensors of the same head dim and mask."""
+    tool = _tool()
+    spec = tool.spec_for(128, True, backward=True)
+    assert spec is not tool.SPEC and spec["backward"] is True and spec["allow_gqa"] is False
+    assert spec["name"] == "compile_time_d128_causal_bwd" and spec["mask"] == {"kind": "causal"}
+    from fa4gen.spec import spec_from_dict
+
+    assert spec_from_dict(spec).backward
+    ours = tool.OURS_BWD.format(hook="", spec=spec, seqlen_q=128)
+    assert 'op.bwd_plans["sm90"]' in ours and "op.function(plan)" in ours
+    theirs = tool.FA4_BWD.format(hook="", site="/x", head_dim=128, causal=True)
+    assert "_flash_attn_bwd(q, q, q, q, q, lse, None, True, 0.0)" in theirs and "1, 128, 1, 128," in theirs

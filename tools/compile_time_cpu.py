@@ -4,7 +4,8 @@
 Each round runs two fresh processes in alternating order (the CPU's run-to-run spread is large): fa4gen
 compiling, into an empty disk cache, the kernel that its first call of a (1, 128, 1, 128) bf16 causal d128 call
 compiles (the spec of tools/launch_cost.py; `--seqlen-q`: the kernel of another length; `--head-dim` / `--mask`:
-another variant, both sides), and flash-attn-4's `flash_attn_func` on the same shape under
+another variant, both sides; `--backward`: the backward kernels instead, fa4gen's backward module against
+flash-attn-4's `_flash_attn_bwd`), and flash-attn-4's `flash_attn_func` on the same shape under
 torch's FakeTensorMode (its CPU-only compile path: FLASH_ATTENTION_ARCH / CUTE_DSL_ARCH sm_90a). Both have
 cutlass imported before the clock starts, as `import flash_attn.cute` does. Each child also reports where the
 time went: CuTe-DSL's tracing of the Python kernel into MLIR, the MLIR pipeline with code generation and
@@ -35,13 +36,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SPEC = dict(name="compile_time_d128", targets=["sm90"], dtype="bf16", head_dim=128, mask={"kind": "causal"})
 
 
-def spec_for(head_dim: int, causal: bool) -> dict:
+def spec_for(head_dim: int, causal: bool, backward: bool = False) -> dict:
     """The timed spec: d128 causal is SPEC (its name, so its cache keys, unchanged); other variants by --head-dim /
-    --mask."""
-    if (head_dim, causal) == (128, True):
+    --mask; with `backward`, an MHA training spec (backward: true, allow_gqa: false: the grid's backward)."""
+    if (head_dim, causal, backward) == (128, True, False):
         return SPEC
-    return dict(SPEC, name=f"compile_time_d{head_dim}_{'causal' if causal else 'none'}", head_dim=head_dim,
-                mask={"kind": "causal" if causal else "none"})
+    return dict(SPEC, name=f"compile_time_d{head_dim}_{'causal' if causal else 'none'}{'_bwd' if backward else ''}",
+                head_dim=head_dim, mask={"kind": "causal" if causal else "none"},
+                **(dict(backward=True, allow_gqa=False) if backward else {}))
 
 # timers around CuTe-DSL's tracing and its native compile (pass pipeline, code generation, ptxas)
 HOOK = """
@@ -111,6 +113,27 @@ print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=
                                 **SPLIT)))
 """
 
+# --backward: the backward kernels' first compile (fa4gen: the spec's backward module, whose one compile holds the
+# preprocess, the main kernel and the conversions; flash-attn-4: _flash_attn_bwd on fake tensors, which compiles its
+# preprocess, main and postprocess kernels); the forward is not compiled on either side
+OURS_BWD = """
+import json, sys, time
+import torch, cutlass
+{hook}
+import fa4gen
+from fa4gen.compile import aot
+_timed(aot, "export_object", "cache_write_s")
+_timed(aot, "_cache_extras", "cache_write_s")
+pkg = fa4gen.build({spec!r})
+op = pkg._forward
+plan = op.bwd_plans["sm90"]
+SPLIT.clear()
+t = time.perf_counter()
+op.function(plan)
+print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], fa4gen_from=fa4gen.__file__,
+                                **SPLIT)))
+"""
+
 # a child process's start with flash-attn-4 importable from its unpacked wheels (`site`; format-escaped braces)
 FA4_PRELUDE = """
 import json, os, sys, time, types
@@ -130,6 +153,19 @@ with FakeTensorMode(allow_non_fake_inputs=True):
     SPLIT.clear()
     t = time.perf_counter()
     flash_attn_func(q, q, q, causal={causal})
+    print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
+"""
+
+
+FA4_BWD = FA4_PRELUDE + """{hook}
+from flash_attn.cute.interface import _flash_attn_bwd
+from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode(allow_non_fake_inputs=True):
+    q = torch.empty(1, 128, 1, {head_dim}, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(1, 1, 128, dtype=torch.float32, device="cuda")
+    SPLIT.clear()
+    t = time.perf_counter()
+    _flash_attn_bwd(q, q, q, q, q, lse, None, {causal}, 0.0)
     print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
 """
 
@@ -183,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128, choices=(64, 96, 128, 192, 256),
                     help="head dim of the timed call, both sides (default 128)")
     ap.add_argument("--mask", choices=("causal", "none"), default="causal", help="the call's mask, both sides")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward kernels' first compile instead (both sides; --seqlen-q does not apply)")
     ap.add_argument("--out", type=Path, help="also write the rounds and medians here (JSON)")
     ap.add_argument("--pass-timing", type=int, default=0, metavar="N",
                     help="also report the N slowest MLIR passes of each native compile (the pass manager's timing; "
@@ -196,9 +234,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
-    spec = spec_for(args.head_dim, args.mask == "causal")
+    spec = spec_for(args.head_dim, args.mask == "causal", args.backward)
+    ours, theirs = (OURS_BWD, FA4_BWD) if args.backward else (OURS, FA4)
     if args.against_ref:
-        return against_ref(args, spec)
+        return against_ref(args, spec, ours)
     rows = {"fa4gen": [], "flash_attn_4": []}
     hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
@@ -215,10 +254,10 @@ def main(argv=None) -> int:
                     ir_env = dict(CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(ir_dir))
                 if name == "fa4gen":
                     env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"), **ir_env)  # empty: a compile
-                    rows[name].append(run_child(OURS.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env,
+                    rows[name].append(run_child(ours.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env,
                                                 args.pass_timing))
                 else:
-                    rows[name].append(run_child(FA4.format(hook=hook, site=str(site), head_dim=args.head_dim,
+                    rows[name].append(run_child(theirs.format(hook=hook, site=str(site), head_dim=args.head_dim,
                                                            causal=args.mask == "causal"), dict(base, **ir_env),
                                                 args.pass_timing))
                 if args.ir_ops:
@@ -235,7 +274,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def against_ref(args, spec: dict) -> int:
+def against_ref(args, spec: dict, ours: str) -> int:
     """--against-ref: this tree's first compile against .ab/ref's, each child run from an empty folder with its
     tree first on PYTHONPATH (each RESULT names the fa4gen it imported, checked here)."""
     ref = ROOT / ".ab" / "ref"
@@ -250,7 +289,7 @@ def against_ref(args, spec: dict) -> int:
                 env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FA4GEN_QUIET="1",
                            FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache_{name}{rnd}"),
                            PYTHONPATH=os.pathsep.join(filter(None, [*first, str(ROOT), os.environ.get("PYTHONPATH")])))
-                res = run_child(OURS.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env, args.pass_timing, cwd=Path(tmp))
+                res = run_child(ours.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env, args.pass_timing, cwd=Path(tmp))
                 if Path(res["fa4gen_from"]).resolve().is_relative_to(ref.resolve()) != (name == "ref"):
                     raise SystemExit(f"side {name}: fa4gen came from {res['fa4gen_from']}")
                 rows[name].append(res)
