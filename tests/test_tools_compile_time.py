@@ -71,8 +71,9 @@ def test_variants_time_the_same_call_on_both_sides():
     from fa4gen.spec import spec_from_dict
 
     assert spec_from_dict(spec).head_dim == 64
-    code = tool.FA4.format(hook="", site="/x", head_dim=64, causal=False)
-    assert "torch.empty(1, 128, 1, 64," in code and "causal=False" in code
+    code = tool.fa4_code(False, "", "/x", 64, False)
+    assert "torch.empty(1, 128, 1, 64," in code and "flash_attn_func(q, q, q, causal=False)" in code
+    assert 'plan = op.forward_plan("sm90", 8192)' in tool.child_code(False, "", spec, 8192)
 
 
 def test_backward_times_the_backward_kernels_of_a_training_spec():
@@ -85,7 +86,8 @@ def test_backward_times_the_backward_kernels_of_a_training_spec():
     from fa4gen.spec import spec_from_dict
 
     assert spec_from_dict(spec).backward
-    ours = tool.OURS_BWD.format(hook="", spec=spec, seqlen_q=128)
-    assert 'op.bwd_plans["sm90"]' in ours and "op.function(plan)" in ours
-    theirs = tool.FA4_BWD.format(hook="", site="/x", head_dim=128, causal=True)
+    ours = tool.child_code(True, "", spec, 128)
+    assert 'plan = op.bwd_plans["sm90"]' in ours and "op.function(plan)" in ours and "forward_plan" not in ours
+    theirs = tool.fa4_code(True, "", "/x", 128, True)
     assert "_flash_attn_bwd(q, q, q, q, q, lse, None, True, 0.0)" in theirs and "1, 128, 1, 128," in theirs
+    assert "flash_attn_func(q" not in theirs

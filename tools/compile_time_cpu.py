@@ -105,7 +105,7 @@ _timed(aot, "export_object", "cache_write_s")
 _timed(aot, "_cache_extras", "cache_write_s")
 pkg = fa4gen.build({spec!r})
 op = pkg._forward
-plan = op.forward_plan("sm90", {seqlen_q})
+plan = {plan}
 SPLIT.clear()
 t = time.perf_counter()
 op.function(plan)
@@ -113,26 +113,10 @@ print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=
                                 **SPLIT)))
 """
 
-# --backward: the backward kernels' first compile (fa4gen: the spec's backward module, whose one compile holds the
-# preprocess, the main kernel and the conversions; flash-attn-4: _flash_attn_bwd on fake tensors, which compiles its
-# preprocess, main and postprocess kernels); the forward is not compiled on either side
-OURS_BWD = """
-import json, sys, time
-import torch, cutlass
-{hook}
-import fa4gen
-from fa4gen.compile import aot
-_timed(aot, "export_object", "cache_write_s")
-_timed(aot, "_cache_extras", "cache_write_s")
-pkg = fa4gen.build({spec!r})
-op = pkg._forward
-plan = op.bwd_plans["sm90"]
-SPLIT.clear()
-t = time.perf_counter()
-op.function(plan)
-print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=plan["module"], fa4gen_from=fa4gen.__file__,
-                                **SPLIT)))
-"""
+# the plan fa4gen's child compiles: the forward of a call's length, or (--backward) the spec's backward module, whose one
+# compile holds the preprocess, the main kernel and the conversions (the forward is then not compiled)
+PLAN_FWD = 'op.forward_plan("sm90", {seqlen_q})'
+PLAN_BWD = 'op.bwd_plans["sm90"]'
 
 # a child process's start with flash-attn-4 importable from its unpacked wheels (`site`; format-escaped braces)
 FA4_PRELUDE = """
@@ -146,28 +130,31 @@ import torch, cutlass
 """
 
 FA4 = FA4_PRELUDE + """{hook}
-from flash_attn.cute.interface import flash_attn_func
-from torch._subclasses.fake_tensor import FakeTensorMode
-with FakeTensorMode(allow_non_fake_inputs=True):
-    q = torch.empty(1, 128, 1, {head_dim}, dtype=torch.bfloat16, device="cuda")
-    SPLIT.clear()
-    t = time.perf_counter()
-    flash_attn_func(q, q, q, causal={causal})
-    print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
-"""
-
-
-FA4_BWD = FA4_PRELUDE + """{hook}
-from flash_attn.cute.interface import _flash_attn_bwd
+from flash_attn.cute.interface import _flash_attn_bwd, flash_attn_func
 from torch._subclasses.fake_tensor import FakeTensorMode
 with FakeTensorMode(allow_non_fake_inputs=True):
     q = torch.empty(1, 128, 1, {head_dim}, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(1, 1, 128, dtype=torch.float32, device="cuda")
     SPLIT.clear()
     t = time.perf_counter()
-    _flash_attn_bwd(q, q, q, q, q, lse, None, {causal}, 0.0)
+    {call}
     print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, **SPLIT)))
 """
+# flash-attn-4's timed call: its forward, or (--backward) _flash_attn_bwd on the fake tensors, which compiles its
+# preprocess, main and postprocess kernels (and not the forward)
+CALL_FWD = "flash_attn_func(q, q, q, causal={causal})"
+CALL_BWD = "_flash_attn_bwd(q, q, q, q, q, lse, None, {causal}, 0.0)"
+
+
+def child_code(backward: bool, hook: str, spec: dict, seqlen_q: int) -> str:
+    """fa4gen's child: compile the timed plan of `spec` into an empty cache."""
+    return OURS.format(hook=hook, spec=spec, plan=PLAN_BWD if backward else PLAN_FWD.format(seqlen_q=seqlen_q))
+
+
+def fa4_code(backward: bool, hook: str, site: str, head_dim: int, causal: bool) -> str:
+    """flash-attn-4's child: its first call of the same variant on fake tensors."""
+    call = (CALL_BWD if backward else CALL_FWD).format(causal=causal)
+    return FA4.format(hook=hook, site=site, head_dim=head_dim, call=call)
 
 
 def run_child(code: str, env: dict, passes: int = 0, cwd: Path = ROOT) -> dict:
@@ -235,9 +222,9 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
     spec = spec_for(args.head_dim, args.mask == "causal", args.backward)
-    ours, theirs = (OURS_BWD, FA4_BWD) if args.backward else (OURS, FA4)
+    ours = child_code(args.backward, HOOK + (PASS_HOOK if args.pass_timing else ""), spec, args.seqlen_q)
     if args.against_ref:
-        return against_ref(args, spec, ours)
+        return against_ref(args, ours)
     rows = {"fa4gen": [], "flash_attn_4": []}
     hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
@@ -254,12 +241,10 @@ def main(argv=None) -> int:
                     ir_env = dict(CUTE_DSL_KEEP="ir", CUTE_DSL_DUMP_DIR=str(ir_dir))
                 if name == "fa4gen":
                     env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"), **ir_env)  # empty: a compile
-                    rows[name].append(run_child(ours.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env,
-                                                args.pass_timing))
+                    rows[name].append(run_child(ours, env, args.pass_timing))
                 else:
-                    rows[name].append(run_child(theirs.format(hook=hook, site=str(site), head_dim=args.head_dim,
-                                                           causal=args.mask == "causal"), dict(base, **ir_env),
-                                                args.pass_timing))
+                    rows[name].append(run_child(fa4_code(args.backward, hook, str(site), args.head_dim,
+                                                         args.mask == "causal"), dict(base, **ir_env), args.pass_timing))
                 if args.ir_ops:
                     rows[name][-1]["ir"] = ir_counts(ir_dir)
                 print(name, rows[name][-1], flush=True)
@@ -274,14 +259,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def against_ref(args, spec: dict, ours: str) -> int:
+def against_ref(args, ours: str) -> int:
     """--against-ref: this tree's first compile against .ab/ref's, each child run from an empty folder with its
     tree first on PYTHONPATH (each RESULT names the fa4gen it imported, checked here)."""
     ref = ROOT / ".ab" / "ref"
     if not (ref / "fa4gen").is_dir():
         raise SystemExit("--against-ref: no .ab/ref/fa4gen (run 'tools/ab_bench.sh prepare REF' first)")
     rows = {"fa4gen": [], "ref": []}
-    hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
         for rnd in range(args.rounds):
             for name in ("fa4gen", "ref") if rnd % 2 == 0 else ("ref", "fa4gen"):
@@ -289,7 +273,7 @@ def against_ref(args, spec: dict, ours: str) -> int:
                 env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FA4GEN_QUIET="1",
                            FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache_{name}{rnd}"),
                            PYTHONPATH=os.pathsep.join(filter(None, [*first, str(ROOT), os.environ.get("PYTHONPATH")])))
-                res = run_child(ours.format(hook=hook, spec=spec, seqlen_q=args.seqlen_q), env, args.pass_timing, cwd=Path(tmp))
+                res = run_child(ours, env, args.pass_timing, cwd=Path(tmp))
                 if Path(res["fa4gen_from"]).resolve().is_relative_to(ref.resolve()) != (name == "ref"):
                     raise SystemExit(f"side {name}: fa4gen came from {res['fa4gen_from']}")
                 rows[name].append(res)
