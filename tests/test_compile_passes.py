@@ -82,3 +82,20 @@ def test_forward_and_backward_compile_to_the_same_sass_without_the_passes(tmp_pa
     for key in full:
         assert full[key] and len(full[key][0]) > 1000 and full[key][1], key  # (a real kernel, not an empty listing)
         assert full[key] == trim[key], key  # instructions and resources
+
+
+def test_listings_compare_instructions_not_addresses_or_symbols():
+    """tools/pipeline_sass_check.py's normalization: addresses, encodings and the kernel symbols (which carry the
+    cache key) are left out; any other difference in an instruction is kept."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from pipeline_sass_check import instructions
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    a = ("        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */\n"
+         "        /*0010*/                   RET.REL.NODEC R4 `(kernel_aaaa_FlashFwdSm90_0) ;  /* 0x1 */\n"
+         "  .section .text.kernel_aaaa,\"ax\",@progbits\n")
+    b = ("        /*0400*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b99 */\n"
+         "        /*0410*/                   RET.REL.NODEC R4 `(kernel_bbbb_FlashFwdSm90_0) ;  /* 0x2 */\n")
+    assert instructions(a) == instructions(b) == ["LDC R1, c[0x0][0x28]", "RET.REL.NODEC R4 `(SYM)"]
+    assert instructions(b.replace("R1,", "R2,")) != instructions(a)
