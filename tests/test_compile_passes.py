@@ -40,11 +40,11 @@ def test_pass_options_reach_the_pipeline(tmp_path, monkeypatch):
     (a CuTe-DSL release without the pass), and that fallback compiles the same SASS as the whole pipeline."""
     pytest.importorskip("cutlass")
     from fa4gen.compile import generated
-    from fa4gen.compile.cache import FA4GenCacheWarning
 
     monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)
     monkeypatch.setattr(generated, "SKIPPED_PASS_OPTIONS", ("use-no-such-pass=false",))
-    with pytest.warns(FA4GenCacheWarning, match="rejects 'use-no-such-pass=false'; compiling with the whole pipeline"):
+    warned = "rejects 'use-no-such-pass=false'; compiling with the whole pipeline"
+    with pytest.warns(generated.FA4GenPipelineWarning, match=warned):
         ((plan, report, sass),) = _compile(tmp_path / "bogus", "bogus")
     assert report.status == "compiled", report.detail
     monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "1")

@@ -113,8 +113,8 @@ print("RESULT", json.dumps(dict(first_compile_s=time.perf_counter() - t, kernel=
                                 **SPLIT)))
 """
 
-# the plan fa4gen's child compiles: the forward of a call's length, or (--backward) the spec's backward module, whose one
-# compile holds the preprocess, the main kernel and the conversions (the forward is then not compiled)
+# the plan fa4gen's child compiles: the forward of a call's length, or (--backward) the spec's backward module, whose
+# one compile holds the preprocess, the main kernel and the conversions (the forward is then not compiled)
 PLAN_FWD = 'op.forward_plan("sm90", {seqlen_q})'
 PLAN_BWD = 'op.bwd_plans["sm90"]'
 
@@ -243,8 +243,8 @@ def main(argv=None) -> int:
                     env = dict(base, FA4GEN_CACHE_DIR=str(Path(tmp) / f"cache{rnd}"), **ir_env)  # empty: a compile
                     rows[name].append(run_child(ours, env, args.pass_timing))
                 else:
-                    rows[name].append(run_child(fa4_code(args.backward, hook, str(site), args.head_dim,
-                                                         args.mask == "causal"), dict(base, **ir_env), args.pass_timing))
+                    code = fa4_code(args.backward, hook, str(site), args.head_dim, args.mask == "causal")
+                    rows[name].append(run_child(code, dict(base, **ir_env), args.pass_timing))
                 if args.ir_ops:
                     rows[name][-1]["ir"] = ir_counts(ir_dir)
                 print(name, rows[name][-1], flush=True)

@@ -8,7 +8,8 @@ the skipped passes would have changed shows up before a GPU session does.
 
 Run: `PYTHONPATH=. python tools/pipeline_sass_check.py [specs/*.yaml ...] [--archs sm90,sm100] [--workers N]
 [--out F.json] [--dump DIR]
-[--options 'use-...-pass=false ...']` (default: every spec under specs/, both archs; about 4 s a kernel per core and mode).
+[--options 'use-...-pass=false ...']` (default: every spec under specs/, both archs; about 4 s a kernel per core
+and mode).
 """
 
 import argparse

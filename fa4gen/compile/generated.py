@@ -45,6 +45,11 @@ COMPILE_OPTIONS = "--enable-tvm-ffi"
 SKIPPED_PASS_OPTIONS = ("use-strength-reduction-pass=false",)
 
 
+class FA4GenPipelineWarning(UserWarning):
+    """CuTe-DSL's pipeline rejected one of SKIPPED_PASS_OPTIONS (another CuTe-DSL release); the kernel was compiled
+    with the whole pipeline instead."""
+
+
 def pass_options() -> str:
     """The cute-to-nvvm options this process compiles with (empty with FA4GEN_FULL_PIPELINE=1)."""
     return "" if os.environ.get("FA4GEN_FULL_PIPELINE") == "1" else " ".join(SKIPPED_PASS_OPTIONS)
@@ -300,7 +305,7 @@ def _compile_generated(
             if "cute-to-nvvm" not in str(err) or passes not in str(err):
                 raise
             warnings.warn(f"this CuTe-DSL's cute-to-nvvm pipeline rejects {passes!r}; compiling with the whole "
-                          "pipeline (set FA4GEN_FULL_PIPELINE=1 to skip this attempt)", FA4GenCacheWarning,
+                          "pipeline (set FA4GEN_FULL_PIPELINE=1 to skip this attempt)", FA4GenPipelineWarning,
                           stacklevel=2)
             kernel = getattr(module, plan["class_name"])()
             return cute.compile[EnableTVMFFI](kernel, *module.fake_arguments(), no_jit_engine=True)
