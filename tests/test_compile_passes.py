@@ -16,6 +16,7 @@ def test_full_pipeline_switch_and_cache_key(monkeypatch):
     from fa4gen.compile import generated
 
     monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)
+    monkeypatch.delenv("FA4GEN_PASS_OPTIONS", raising=False)
     assert generated.pass_options() == "use-strength-reduction-pass=false"
     trimmed = generated.kernel_cache_key("x = 1\n", "sm_90a", used={})
     monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "1")
@@ -23,6 +24,12 @@ def test_full_pipeline_switch_and_cache_key(monkeypatch):
     assert generated.kernel_cache_key("x = 1\n", "sm_90a", used={}) != trimmed  # never served for each other
     monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "0")
     assert generated.kernel_cache_key("x = 1\n", "sm_90a", used={}) == trimmed
+    # other options to try (tools/pipeline_sass_check.py --options), read at each compile, keyed apart
+    monkeypatch.setenv("FA4GEN_PASS_OPTIONS", " use-nvgpu-optimization-pass=false  ")
+    assert generated.pass_options() == "use-nvgpu-optimization-pass=false"
+    assert generated.kernel_cache_key("x = 1\n", "sm_90a", used={}) != trimmed
+    monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "1")
+    assert generated.pass_options() == ""  # (the whole pipeline wins)
 
 
 def _pairs(modules):
@@ -42,6 +49,7 @@ def test_pass_options_reach_the_pipeline(tmp_path, monkeypatch):
     from fa4gen.compile import generated
 
     monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)
+    monkeypatch.delenv("FA4GEN_PASS_OPTIONS", raising=False)
     monkeypatch.setattr(generated, "SKIPPED_PASS_OPTIONS", ("use-no-such-pass=false",))
     warned = "rejects 'use-no-such-pass=false'; compiling with the whole pipeline"
     with pytest.warns(generated.FA4GenPipelineWarning, match=warned):
@@ -50,6 +58,11 @@ def test_pass_options_reach_the_pipeline(tmp_path, monkeypatch):
     monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "1")
     ((_, whole_report, whole),) = _compile(tmp_path / "whole", "whole")
     assert whole_report.status == "compiled" and _instructions(sass) == _instructions(whole)
+    # options asked for by name (tools/pipeline_sass_check.py --options) fail as they are, naming the option
+    monkeypatch.delenv("FA4GEN_FULL_PIPELINE")
+    monkeypatch.setenv("FA4GEN_PASS_OPTIONS", "use-no-such-pass=false")
+    ((_, asked, listing),) = _compile(tmp_path / "asked", "asked")
+    assert asked.status == "failed" and listing is None and "use-no-such-pass=false" in asked.detail
 
 
 def _compile(root, package):
@@ -74,7 +87,8 @@ def test_forward_and_backward_compile_to_the_same_sass_without_the_passes(tmp_pa
         from pipeline_sass_check import compile_all
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)  # (compile_all sets and clears it)
+    monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)  # (compile_all sets and restores them)
+    monkeypatch.delenv("FA4GEN_PASS_OPTIONS", raising=False)
     pairs = _pairs({"fwd_sm90", "bwd_sm90"})
     full = compile_all(pairs, tmp_path / "full", True, 0, None)
     trim = compile_all(pairs, tmp_path / "trim", False, 0, None)

@@ -36,26 +36,29 @@ def instructions(sass: str) -> list[str]:
 
 
 def compile_all(pairs, root: Path, full: bool, workers: int, log, opts: str = "") -> dict:
-    """{(spec, arch, module): instruction list or None (failed)} under one pipeline setting (`opts`: with the whole
-    pipeline, these cute-to-nvvm options through CUTE_DSL_COMPILER_OPT instead of fa4gen's own)."""
+    """{(spec, arch, module): (instructions, resources) or None (failed)} under one pipeline setting (`opts`: these
+    cute-to-nvvm options instead of fa4gen's own, through FA4GEN_PASS_OPTIONS, which each compile reads, in this
+    process or a compile process; CUTE_DSL_COMPILER_OPT would not do: CuTe-DSL reads it once per process, so an
+    in-process second run would silently compile without it)."""
     from fa4gen.builder import compile_specs_for_sass
 
-    if full or opts:
+    saved = {k: os.environ.get(k) for k in ("FA4GEN_FULL_PIPELINE", "FA4GEN_PASS_OPTIONS")}
+    os.environ.pop("FA4GEN_PASS_OPTIONS", None)
+    if full:
         os.environ["FA4GEN_FULL_PIPELINE"] = "1"
     else:
         os.environ.pop("FA4GEN_FULL_PIPELINE", None)
-    saved = os.environ.get("CUTE_DSL_COMPILER_OPT")
-    if opts:
-        os.environ["CUTE_DSL_COMPILER_OPT"] = f"{saved or ''} {opts}".strip()
-    out = {}
+        if opts:
+            os.environ["FA4GEN_PASS_OPTIONS"] = opts
     try:
         results = compile_specs_for_sass(pairs, root, "pc_full" if full else "pc_trim", workers=workers, log=log)
     finally:
-        if opts:
-            if saved is None:
-                os.environ.pop("CUTE_DSL_COMPILER_OPT", None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
             else:
-                os.environ["CUTE_DSL_COMPILER_OPT"] = saved
+                os.environ[k] = v
+    out = {}
     for (spec, _), rows in zip(pairs, results):
         for plan, report, sass in rows:
             out[(spec.name, plan.arch, plan.module)] = (instructions(sass), resources(report.meta)) if sass and (

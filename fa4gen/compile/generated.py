@@ -51,8 +51,14 @@ class FA4GenPipelineWarning(UserWarning):
 
 
 def pass_options() -> str:
-    """The cute-to-nvvm options this process compiles with (empty with FA4GEN_FULL_PIPELINE=1)."""
-    return "" if os.environ.get("FA4GEN_FULL_PIPELINE") == "1" else " ".join(SKIPPED_PASS_OPTIONS)
+    """The cute-to-nvvm options this process compiles with, read at each compile: empty with FA4GEN_FULL_PIPELINE=1,
+    FA4GEN_PASS_OPTIONS when set (other `use-...-pass=false` options to try: tools/pipeline_sass_check.py
+    --options; unlike CUTE_DSL_COMPILER_OPT, which CuTe-DSL reads once per process, it applies to the next compile),
+    else SKIPPED_PASS_OPTIONS."""
+    if os.environ.get("FA4GEN_FULL_PIPELINE") == "1":
+        return ""
+    chosen = os.environ.get("FA4GEN_PASS_OPTIONS")
+    return " ".join(chosen.split()) if chosen is not None else " ".join(SKIPPED_PASS_OPTIONS)
 
 
 # one import at a time: a module sits in sys.modules while it executes, so without it a second thread
@@ -301,9 +307,9 @@ def _compile_generated(
         try:
             return cute.compile[EnableTVMFFI, ExtraCompilerOpts(passes)](kernel, *module.fake_arguments(),
                                                                          no_jit_engine=True)
-        except Exception as err:  # a CuTe-DSL whose pipeline lacks one of the options: the whole pipeline, said once
-            if "cute-to-nvvm" not in str(err) or passes not in str(err):
-                raise
+        except Exception as err:  # a CuTe-DSL whose pipeline lacks one of fa4gen's options: the whole pipeline
+            if "cute-to-nvvm" not in str(err) or passes not in str(err) or "FA4GEN_PASS_OPTIONS" in os.environ:
+                raise  # (options asked for by name fail as they are)
             warnings.warn(f"this CuTe-DSL's cute-to-nvvm pipeline rejects {passes!r}; compiling with the whole "
                           "pipeline (set FA4GEN_FULL_PIPELINE=1 to skip this attempt)", FA4GenPipelineWarning,
                           stacklevel=2)
