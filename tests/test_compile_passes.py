@@ -47,6 +47,7 @@ def test_pass_options_reach_the_pipeline(tmp_path, monkeypatch):
     (a CuTe-DSL release without the pass), and that fallback compiles the same SASS as the whole pipeline."""
     pytest.importorskip("cutlass")
     from fa4gen.compile import generated
+    from fa4gen.compile.sass import instruction_lines
 
     monkeypatch.delenv("FA4GEN_FULL_PIPELINE", raising=False)
     monkeypatch.delenv("FA4GEN_PASS_OPTIONS", raising=False)
@@ -57,7 +58,7 @@ def test_pass_options_reach_the_pipeline(tmp_path, monkeypatch):
     assert report.status == "compiled", report.detail
     monkeypatch.setenv("FA4GEN_FULL_PIPELINE", "1")
     ((_, whole_report, whole),) = _compile(tmp_path / "whole", "whole")
-    assert whole_report.status == "compiled" and _instructions(sass) == _instructions(whole)
+    assert whole_report.status == "compiled" and instruction_lines(sass) == instruction_lines(whole)
     # options asked for by name (tools/pipeline_sass_check.py --options) fail as they are, naming the option
     monkeypatch.delenv("FA4GEN_FULL_PIPELINE")
     monkeypatch.setenv("FA4GEN_PASS_OPTIONS", "use-no-such-pass=false")
@@ -69,15 +70,6 @@ def _compile(root, package):
     from fa4gen.builder import compile_specs_for_sass
 
     return compile_specs_for_sass(_pairs({"fwd_sm90"}), root, package, workers=1)[0]
-
-
-def _instructions(sass):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from pipeline_sass_check import instructions
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
-    return instructions(sass)
 
 
 def test_forward_and_backward_compile_to_the_same_sass_without_the_passes(tmp_path, monkeypatch):
@@ -99,13 +91,10 @@ def test_forward_and_backward_compile_to_the_same_sass_without_the_passes(tmp_pa
 
 
 def test_listings_compare_instructions_not_addresses_or_symbols():
-    """tools/pipeline_sass_check.py's normalization: addresses, encodings and the kernel symbols (which carry the
-    cache key) are left out; any other difference in an instruction is kept."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        from pipeline_sass_check import instructions
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    """The comparison's normalization (fa4gen.compile.sass.instruction_lines): addresses, encodings and the kernel
+    symbols (which carry the cache key) are left out; any other difference in an instruction is kept."""
+    from fa4gen.compile.sass import instruction_lines as instructions
+
     a = ("        /*0000*/                   LDC R1, c[0x0][0x28] ;                  /* 0x00000a00ff017b82 */\n"
          "        /*0010*/                   RET.REL.NODEC R4 `(kernel_aaaa_FlashFwdSm90_0) ;  /* 0x1 */\n"
          "  .section .text.kernel_aaaa,\"ax\",@progbits\n")

@@ -15,24 +15,12 @@ and mode).
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_ADDRESS = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s*")
-_SYMBOL = re.compile(r"`\([^)]*\)")
-
-
-def instructions(sass: str) -> list[str]:
-    """The instruction lines of a SASS listing without addresses, encodings or symbol names."""
-    out = []
-    for line in sass.splitlines():
-        if _ADDRESS.match(line):
-            out.append(_SYMBOL.sub("`(SYM)", _ADDRESS.sub("", line).split(";")[0].strip()))
-    return out
 
 
 def compile_all(pairs, root: Path, full: bool, workers: int, log, opts: str = "") -> dict:
@@ -41,6 +29,7 @@ def compile_all(pairs, root: Path, full: bool, workers: int, log, opts: str = ""
     process or a compile process; CUTE_DSL_COMPILER_OPT would not do: CuTe-DSL reads it once per process, so an
     in-process second run would silently compile without it)."""
     from fa4gen.builder import compile_specs_for_sass
+    from fa4gen.compile.sass import instruction_lines
 
     saved = {k: os.environ.get(k) for k in ("FA4GEN_FULL_PIPELINE", "FA4GEN_PASS_OPTIONS")}
     os.environ.pop("FA4GEN_PASS_OPTIONS", None)
@@ -61,7 +50,7 @@ def compile_all(pairs, root: Path, full: bool, workers: int, log, opts: str = ""
     out = {}
     for (spec, _), rows in zip(pairs, results):
         for plan, report, sass in rows:
-            out[(spec.name, plan.arch, plan.module)] = (instructions(sass), resources(report.meta)) if sass and (
+            out[(spec.name, plan.arch, plan.module)] = (instruction_lines(sass), resources(report.meta)) if sass and (
                 report.status in ("compiled", "cached")) else None
     return out
 

@@ -32,6 +32,7 @@ from fa4gen.compile.cache import (
     IMPORTS_MEMO_FILE, DiskCache, FA4GenCacheWarning, cache_dir, cache_key, device_helper_sources,
 )
 
+# the compile option fa4gen sets, as it enters the cache key (the compile passes it as cute.compile[EnableTVMFFI])
 COMPILE_OPTIONS = "--enable-tvm-ffi"
 
 # Passes of CuTe-DSL's cute-to-nvvm pipeline that fa4gen's kernels compile without. StrengthReductionPass: the SASS

@@ -207,6 +207,17 @@ _BACK_BRANCH_RE = re.compile(r"BRA\s+`\((\.L_x_\d+)\)")
 _SASS_LINE_RE = re.compile(r"^\s*/\*[0-9a-f]+\*/")
 
 
+_SYMBOL_RE = re.compile(r"`\([^)]*\)")
+
+
+def instruction_lines(sass_text: str) -> list[str]:
+    """The instructions of a listing as comparable text: without addresses, encodings or the symbols branches and
+    calls name (kernel symbols carry the cache key), so two compiles of one kernel under different package names or
+    keys compare equal when their machine code is the same (tools/pipeline_sass_check.py)."""
+    return [_SYMBOL_RE.sub("`(SYM)", _SASS_LINE_RE.sub("", line).split(";")[0].strip())
+            for line in sass_text.splitlines() if _SASS_LINE_RE.match(line)]
+
+
 def loops(sass_text: str, wait_returns: bool = True) -> list[list[str]]:
     """The instruction lines of every loop: a backward branch to a label above it (nested loops and
     out-of-line wait loops that branch back across others included), in listing order. With
