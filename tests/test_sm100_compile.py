@@ -22,6 +22,7 @@ pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
 from fa4gen.compile.sass import find_nvdisasm  # noqa: E402
+from fa4gen.device import sm100  # noqa: E402
 
 if find_nvdisasm() is None:
     pytest.skip("nvdisasm not installed (needed for the SASS summary)", allow_module_level=True)
@@ -146,7 +147,8 @@ def test_one_cta_variants_have_no_pair_forms(compiled):
 
 
 def _emulated(sass) -> int:
-    return sass["full_opcodes"].get("FADD.RM", 0)
+    """Emulated exp2s: one floor (add.rm) each, a packed FADD2.RM serving two (PACKED_POLY)."""
+    return sass["full_opcodes"].get("FADD.RM", 0) + 2 * sass["full_opcodes"].get("FADD2.RM", 0)
 
 
 def test_poly_exp_share_moves_the_mufu_fma_mix(compiled):
@@ -155,10 +157,20 @@ def test_poly_exp_share_moves_the_mufu_fma_mix(compiled):
     for plan, r in ((p15, r15), (p50, r50)):
         # two copies of the softmax step, 4 rows a thread, the plan's emulated columns of each row
         per_row = sum(1 for c in range(plan.tile_n // 4) if c % plan.poly_every == plan.poly_every - 1)
-        assert _emulated(r.meta["sass"]) == 2 * 4 * per_row
-        assert b.meta["sass"]["mufu_ex2"] - r.meta["sass"]["mufu_ex2"] == _emulated(r.meta["sass"])
-        assert r.meta["sass"]["ffma"] > b.meta["sass"]["ffma"]
+        s = r.meta["sass"]
+        assert _emulated(s) == 2 * 4 * per_row
+        assert b.meta["sass"]["mufu_ex2"] - s["mufu_ex2"] == _emulated(s)
+        # Blackwell's packed fp32 ops (fa4gen.device.sm100.packed_poly: from every 3rd column emulated, so share 0.15
+        # here, not 0.5): a row's emulated columns in pairs, each pair one FADD2.RM (the floor), two FADD2 (the
+        # fraction) and one FFMA2 per Horner step; an odd one scalar
+        pairs = 2 * 4 * (per_row // 2) if sm100.packed_poly(plan.poly_every) else 0
+        assert (pairs > 0) == (plan is p15)
+        ops = s["full_opcodes"]
+        assert ops.get("FADD2.RM", 0) == pairs and ops.get("FADD.RM", 0) == 2 * 4 * per_row - 2 * pairs
+        assert s["ffma2"] == pairs * plan.poly_degree and ops.get("FADD2", 0) == 2 * pairs
+        assert s["ffma"] + 2 * s["ffma2"] > b.meta["sass"]["ffma"]
     assert _emulated(r50.meta["sass"]) > _emulated(r15.meta["sass"])
+    assert b.meta["sass"]["ffma2"] == 0  # (share 0: nothing packed; the scale-and-shift stays scalar FFMA)
 
 
 def test_share_zero_has_no_emulated_exp2_in_any_variant(compiled):

@@ -72,3 +72,19 @@ def _scale_by_exponent(p: Float32, t: Float32, x: Float32, *, loc=None, ip=None)
             asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
+
+
+def exp2_poly2(x0: Float32, x1: Float32, coeffs: tuple) -> tuple:
+    """`exp2_poly` of two values at once with Blackwell's packed fp32 ops (sm_100+: add / sub / fma .f32x2, one
+    instruction for both lanes, each lane rounded exactly as the scalar op rounds it, so either value is
+    bit-identical to `exp2_poly`'s). The clamp and the exponent add stay scalar (no packed form)."""
+    magic = (Float32(_ROUND_MAGIC), Float32(_ROUND_MAGIC))
+    xc = (cute.arch.fmax(x0, Float32(-127.0)), cute.arch.fmax(x1, Float32(-127.0)))
+    t = cute.arch.add_packed_f32x2(xc, magic, rnd="rm")
+    j = cute.arch.sub_packed_f32x2(t, magic)
+    f = cute.arch.sub_packed_f32x2(xc, j)
+    degree = len(coeffs) - 1
+    p = (Float32(coeffs[degree]), Float32(coeffs[degree]))
+    for k in range(degree - 1, -1, -1):
+        p = cute.arch.fma_packed_f32x2(p, f, (Float32(coeffs[k]), Float32(coeffs[k])))
+    return _scale_by_exponent(p[0], t[0], x0), _scale_by_exponent(p[1], t[1], x1)

@@ -26,6 +26,19 @@ from fa4gen.device import mask, softmax
 
 ROWS = 128  # TMEM lanes = rows of one Q tile
 ROWS_PER_THREAD = 4
+# The softmax's polynomial exp2 (poly_exp) on Blackwell's packed fp32 ops (FFMA2 / FADD2, sm_100+), two columns per
+# instruction, each lane rounded as the scalar form the SM90 kernels run: the same values the H200 tests
+# (softmax.online_softmax_step's packed_poly), for poly_every >= PACKED_POLY_MIN_EVERY. The register pairs the packed
+# ops need cost the softmax warps registers: with every 2nd column emulated (share 0.5) the d128 kernel spilled 14;
+# every 4th or 7th (share 0.25 / 0.15) compiles clean (CPU SASS, session 51). The scale-and-shift and the O rescale
+# in packed pairs too made the softmax / correction warps spill at the 4-row quad fragment (sessions 25 and 51)
+PACKED_POLY = True
+PACKED_POLY_MIN_EVERY = 3
+
+
+def packed_poly(poly_every: int) -> bool:
+    """Whether the softmax step evaluates its polynomial exp2s in packed pairs (see PACKED_POLY)."""
+    return PACKED_POLY and poly_every >= PACKED_POLY_MIN_EVERY
 
 
 # --- TMEM views ---------------------------------------------------------------------------------
@@ -311,6 +324,8 @@ def key_blocks(bounds, tile_n: cutlass.Constexpr[int]):
 
 __all__ = [
     "ROWS",
+    "PACKED_POLY",
+    "PACKED_POLY_MIN_EVERY",
     "ROWS_PER_THREAD",
     "accumulate_variants",
     "column_chunk",
@@ -324,6 +339,7 @@ __all__ = [
     "opaque",
     "p_store",
     "pack_stats",
+    "packed_poly",
     "per_tile",
     "quad_rows_cols",
     "quad_rows_cols_layout",

@@ -69,6 +69,7 @@ def online_softmax_step(
     poly_every: cutlass.Constexpr[int],
     poly_coeffs: cutlass.Constexpr[tuple],
     is_first: cutlass.Constexpr[bool] = False,
+    packed_poly: cutlass.Constexpr[bool] = False,
 ):
     """Turn scores `s` (row, col view, fp32) into unnormalized probabilities in place.
 
@@ -76,6 +77,8 @@ def online_softmax_step(
     by which the caller must rescale its O rows (1.0 when the max was kept).
     `poly_every` = k > 0 evaluates every k-th exp2 of a row with the FMA polynomial instead of MUFU.
     `is_first` (the first key block of a tile) skips the rescale bookkeeping: nothing to rescale yet.
+    `packed_poly` (sm_100+): the polynomial exp2s two at a time (`polyexp.exp2_poly2`, Blackwell's packed fp32
+    ops), the same values as the scalar form's.
     """
     row_max, row_sum, row_scale = rows.row_max, rows.row_sum, rows.row_scale
     n_cols = cute.size(s, mode=[1])
@@ -108,16 +111,42 @@ def online_softmax_step(
         acc = Float32(0.0)
         if cutlass.const_expr(not is_first):
             acc = row_sum[r] * scale
-        for c in cutlass.range_constexpr(n_cols):
-            x = row[c] * scale_log2 - max_scaled
-            if cutlass.const_expr(poly_every > 0 and c % poly_every == poly_every - 1):
-                p = polyexp.exp2_poly(x, poly_coeffs)
-            else:
-                p = cute.math.exp2(x, fastmath=True)
-            s[r, c] = p
-            acc += p
+        poly = [c for c in range(n_cols) if poly_every > 0 and c % poly_every == poly_every - 1]
+        if cutlass.const_expr(packed_poly and len(poly) > 1):
+            acc = _exp2_row_packed(s, r, row, scale_log2, max_scaled, poly, poly_coeffs, acc)
+        else:
+            for c in cutlass.range_constexpr(n_cols):
+                x = row[c] * scale_log2 - max_scaled
+                if cutlass.const_expr(c in poly):
+                    p = polyexp.exp2_poly(x, poly_coeffs)
+                else:
+                    p = cute.math.exp2(x, fastmath=True)
+                s[r, c] = p
+                acc += p
         row_sum[r] = acc
         row_scale[r] = scale
+
+
+def _exp2_row_packed(s: cute.Tensor, r: int, row: list, scale_log2: Float32, max_scaled: Float32, poly: list,
+                     coeffs: tuple, acc: Float32) -> Float32:
+    """`online_softmax_step`'s exp2s of row r with the polynomial columns `poly` in pairs (`polyexp.exp2_poly2`), the
+    rest on MUFU; returns the row sum, added in column order as the scalar form adds it. Columns are taken up to
+    each pair's second column at a time, so that a pair's first value waits at most poly_every columns (all of a
+    row's exponent arguments at once spilled at share 0.5, CPU SASS)."""
+    done = 0
+    cuts = [(poly[i], poly[i + 1]) for i in range(0, len(poly) - 1, 2)] + [(None, len(row) - 1)]
+    for a, b in cuts:
+        xs = {c: row[c] * scale_log2 - max_scaled for c in range(done, b + 1)}
+        ps = {}
+        if a is not None:
+            ps[a], ps[b] = polyexp.exp2_poly2(xs[a], xs[b], coeffs)
+        for c in range(done, b + 1):
+            if c not in ps:
+                ps[c] = polyexp.exp2_poly(xs[c], coeffs) if c in poly else cute.math.exp2(xs[c], fastmath=True)
+            s[r, c] = ps[c]
+            acc = acc + ps[c]
+        done = b + 1
+    return acc
 
 
 @cute.jit
