@@ -5,7 +5,8 @@ Per variant: tcgen05 MMAs (UTCHMMA, one per K block of each MMA the generated te
 and stores (LDTM/STTM), TMA loads and stores (UTMALDG/UTMASTG), no spills (LDL/STL, stack frame), the
 register file and the plan's shared-memory and TMEM budgets (the compiled SharedStorage is asserted equal
 to the plan's byte count while tracing), and the poly-exp trade: every emulated exp2 is one FADD.RM
-(the floor of fa4gen.device.polyexp) and one MUFU.EX2 fewer, none at share 0.
+(the floor of fa4gen.device.polyexp; half an FADD2.RM where a pair of them goes through Blackwell's packed
+fp32 ops) and one MUFU.EX2 fewer, none at share 0.
 """
 
 from __future__ import annotations
