@@ -161,10 +161,10 @@ def test_poly_exp_share_moves_the_mufu_fma_mix(compiled):
         s = r.meta["sass"]
         assert _emulated(s) == 2 * 4 * per_row
         assert b.meta["sass"]["mufu_ex2"] - s["mufu_ex2"] == _emulated(s)
-        # Blackwell's packed fp32 ops (fa4gen.device.sm100.packed_poly: from every 3rd column emulated, so share 0.15
-        # here, not 0.5): a row's emulated columns in pairs, each pair one FADD2.RM (the floor), two FADD2 (the
+        # Blackwell's packed fp32 ops (fa4gen.device.sm100.packed_poly: from every 5th column emulated on, so share
+        # 0.15 here, not 0.5): a row's emulated columns in pairs, each pair one FADD2.RM (the floor), two FADD2 (the
         # fraction) and one FFMA2 per Horner step; an odd one scalar
-        pairs = 2 * 4 * (per_row // 2) if sm100.packed_poly(plan.poly_every) else 0
+        pairs = 2 * 4 * (per_row // 2) if sm100.packed_poly(plan.poly_every, max(plan.head_dim, plan.head_dim_v)) else 0
         assert (pairs > 0) == (plan is p15)
         ops = s["full_opcodes"]
         assert ops.get("FADD2.RM", 0) == pairs and ops.get("FADD.RM", 0) == 2 * 4 * per_row - 2 * pairs

@@ -28,17 +28,21 @@ ROWS = 128  # TMEM lanes = rows of one Q tile
 ROWS_PER_THREAD = 4
 # The softmax's polynomial exp2 (poly_exp) on Blackwell's packed fp32 ops (FFMA2 / FADD2, sm_100+), two columns per
 # instruction, each lane rounded as the scalar form the SM90 kernels run: the same values the H200 tests
-# (softmax.online_softmax_step's packed_poly), for poly_every >= PACKED_POLY_MIN_EVERY. The register pairs the packed
-# ops need cost the softmax warps registers: with every 2nd column emulated (share 0.5) the d128 kernel spilled 14;
-# every 4th or 7th (share 0.25 / 0.15) compiles clean (CPU SASS, session 51). The scale-and-shift and the O rescale
-# in packed pairs too made the softmax / correction warps spill at the 4-row quad fragment (sessions 25 and 51)
+# (softmax.online_softmax_step's packed_poly). Only where it adds no spill: the register pairs the packed ops need cost
+# the softmax warps registers. A CPU census of 312 poly-exp SM100 variants (head dims 64 / 128 / (192, 128), four masks,
+# softcap, varlen, 2-CTA, LSE, every 3rd / 4th / 7th column emulated; docs/PERF.md session 51) found main spilling in
+# 53 and packing everywhere spilling in 37 more (with a softcap or every 3rd / 4th column at head dims <= 128, and the
+# (192, 128) 2-CTA ones) while curing 14; with every 5th column or sparser at head dims <= 128 it adds none. The
+# scale-and-shift and the O rescale in packed pairs made the softmax / correction warps spill (sessions 25 and 51)
 PACKED_POLY = True
-PACKED_POLY_MIN_EVERY = 3
+PACKED_POLY_MIN_EVERY = 5
+PACKED_POLY_MAX_HEAD_DIM = 128
 
 
-def packed_poly(poly_every: int) -> bool:
-    """Whether the softmax step evaluates its polynomial exp2s in packed pairs (see PACKED_POLY)."""
-    return PACKED_POLY and poly_every >= PACKED_POLY_MIN_EVERY
+def packed_poly(poly_every: int, head_dim: int) -> bool:
+    """Whether the softmax step evaluates its polynomial exp2s in packed pairs (see PACKED_POLY); `head_dim`: the larger
+    of the kernel's two."""
+    return PACKED_POLY and poly_every >= PACKED_POLY_MIN_EVERY and head_dim <= PACKED_POLY_MAX_HEAD_DIM
 
 
 # --- TMEM views ---------------------------------------------------------------------------------
@@ -325,6 +329,7 @@ def key_blocks(bounds, tile_n: cutlass.Constexpr[int]):
 __all__ = [
     "ROWS",
     "PACKED_POLY",
+    "PACKED_POLY_MAX_HEAD_DIM",
     "PACKED_POLY_MIN_EVERY",
     "ROWS_PER_THREAD",
     "accumulate_variants",

@@ -255,7 +255,7 @@ class FlashFwdSm100:
                 )
                 softmax.online_softmax_step(
                     s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                    is_first=True, packed_poly=bw.packed_poly(POLY_EVERY),
+                    is_first=True, packed_poly=bw.packed_poly(POLY_EVERY, max(HEAD_DIM, HEAD_DIM_V)),
                 )
                 # row scale / max / sum -> correction warps (through this thread's TMEM scratch)
                 pipe_stats.producer_acquire(bw.stage(Q_TILES, q_tile, st_phase))
@@ -288,7 +288,7 @@ class FlashFwdSm100:
                     )
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                        is_first=False, packed_poly=bw.packed_poly(POLY_EVERY),
+                        is_first=False, packed_poly=bw.packed_poly(POLY_EVERY, max(HEAD_DIM, HEAD_DIM_V)),
                     )
                     # row scale / max / sum -> correction warps (through this thread's TMEM scratch)
                     pipe_stats.producer_acquire(bw.stage(Q_TILES, q_tile, st_phase))
@@ -314,7 +314,7 @@ class FlashFwdSm100:
                     cute.arch.fence_view_async_tmem_load()
                     softmax.online_softmax_step(
                         s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                        is_first=False, packed_poly=bw.packed_poly(POLY_EVERY),
+                        is_first=False, packed_poly=bw.packed_poly(POLY_EVERY, max(HEAD_DIM, HEAD_DIM_V)),
                     )
                     # row scale / max / sum -> correction warps (through this thread's TMEM scratch)
                     pipe_stats.producer_acquire(bw.stage(Q_TILES, q_tile, st_phase))
