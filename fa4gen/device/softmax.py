@@ -131,8 +131,9 @@ def _exp2_row_packed(s: cute.Tensor, r: int, row: list, scale_log2: Float32, max
                      coeffs: tuple, acc: Float32) -> Float32:
     """`online_softmax_step`'s exp2s of row r with the polynomial columns `poly` in pairs (`polyexp.exp2_poly2`), the
     rest on MUFU; returns the row sum, added in column order as the scalar form adds it. Columns are taken up to
-    each pair's second column at a time, so that a pair's first value waits at most poly_every columns (all of a
-    row's exponent arguments at once spilled at share 0.5, CPU SASS)."""
+    each pair's second column at a time, so that no more than one pair's span of exponent arguments is formed ahead
+    of its use (at share 0.5 this and all of a row's at once spilled alike, 14 registers at d128: sm100.packed_poly
+    starts at every 5th column)."""
     done = 0
     cuts = [(poly[i], poly[i + 1]) for i in range(0, len(poly) - 1, 2)] + [(None, len(row) - 1)]
     for a, b in cuts:
