@@ -2,6 +2,7 @@
 its SASS reading splits a module's listing per CUDA function and finds the spills inside loops that
 issue MMAs (hand-written SASS, no compile)."""
 
+import itertools
 import re
 
 from conftest import load_tool
@@ -30,6 +31,29 @@ def test_variants_cover_the_grid_with_valid_specs():
         ("sw_bf16_d64_chunked_sc_det", True, True)]
     nolse = spec_from_dict(both[1])
     assert not nolse.backward and not nolse.return_lse
+
+
+def test_sm100_and_poly_variants_are_valid_forward_specs():
+    """--arch sm100: forward-only specs (the LSE as return_lse), 2-CTA only where the planner plans it, poly-exp
+    shares in the names; the SM90 grid is the same with the new axes at their defaults."""
+    tool = _tool()
+    grid = list(tool.variants([(128, 128), (192, 128)], ["none", "causal"], [0.0, 20.0], [False], [False, True],
+                              [False, True], ["bf16"], [False, True], [0.0, 0.15], [False, True], "sm100"))
+    # deterministic and 2-CTA with a mask or varlen are skipped: 2 dims x (no mask: 2 varlen x (1 + 1 two-CTA if not
+    # varlen) ... ) counted from the rules themselves
+    expect = sum(1 for d, m, sc, vl, det, lse, p, two in itertools.product(
+        range(2), ["none", "causal"], range(2), [False, True], [False, True], range(2), range(2), [False, True])
+        if not det and not (two and (m != "none" or vl)))
+    assert len(grid) == expect
+    assert len({g["name"] for g in grid}) == len(grid)
+    for g in grid:
+        spec = spec_from_dict(g)
+        assert spec.targets == ["sm100"] and not spec.backward and not spec.deterministic
+        assert spec.return_lse == ("_nolse" not in g["name"])
+        assert spec.pipeline.two_cta == g["name"].endswith("_2cta_sm100")
+        assert (spec.pipeline.poly_exp.share > 0) == ("_p15" in g["name"])
+    sm90 = list(tool.variants([(64, 64)], ["none"], [0.0], [False], [False], [False], ["bf16"], [True], [0.25]))
+    assert [g["name"] for g in sm90] == ["sw_bf16_d64_none_p25"] and spec_from_dict(sm90[0]).backward
 
 
 def test_sass_functions_and_spills_in_mma_loops():

@@ -1,14 +1,18 @@
 """Register spills (LDL/STL) of every SM90 kernel over a grid of spec variants, compiled on the CPU (no
 GPU needed). Issue #3 asks for no LDL/STL in any SM90 kernel; the committed specs are checked by the CPU
 test suite, this covers the variants a user can select: head dims, masks, softcap, GQA, varlen,
-deterministic, fp16/bf16.
+deterministic, fp16/bf16, poly-exp shares (`--poly`). `--arch sm100` sweeps the SM100 forwards instead (compiled
+only; forward-only specs, `--lse` then meaning return_lse, `--two-cta` the 2-CTA MMA, kept to its planned cases:
+no mask, not varlen).
 
 For each kernel of each variant it prints the spill instructions per CUDA function of the module
 (main kernel, pre/postprocess) and the loops issuing MMAs that hold some (instructions, MMAs, LDL/STL;
 the per-block loops, where a spill costs every iteration, are the short ones: see tools/sass_loops.py).
 Writes a JSON summary with --out.
 
-Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--only bwd] [--out F]`.
+Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--only bwd] [--out F]`;
+session 51's SM100 census: `--arch sm100 --dims 64,128,192x128 --softcap 0,20 --gqa 0 --det 0 --lse 0,1 --two-cta 0,1
+--poly 0.15,0.25,0.34`.
 One compile is about 3-10 s on one core; the default grid is a few hundred kernels (tens of minutes).
 """
 
@@ -28,19 +32,30 @@ MASKS = {
 }
 
 
-def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,)):
+def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), polys=(0.0,), two_ctas=(False,),
+             arch="sm90"):
     """Spec dicts of the grid: with the LSE, backward: true, so each has a forward (writing the LSE) and a backward
     kernel; without (lses holding False), forward-only inference specs, return_lse: false (their forward keeps no
     LSE registers, so it allocates differently: session 49's d64 chunked + softcap 192-row forward spilled 12 there
-    and 4 with the LSE). `dets` applies to the LSE variants only."""
-    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse in itertools.product(
-            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses):
-        if det and not lse:
+    and 4 with the LSE). `dets` applies to the LSE variants only. `polys`: poly_exp shares (0: MUFU only).
+    arch "sm100": forward-only specs (no SM100 backward), the LSE as return_lse; `two_ctas` True only without a mask
+    and varlen (the planner's 2-CTA cases)."""
+    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two in itertools.product(
+            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas):
+        if det and (not lse or arch != "sm90"):
             continue  # (deterministic is a backward property)
+        if two and (arch != "sm100" or mask != "none" or varlen):
+            continue
         name = (f"sw_{dtype}_d{d}{f'x{dv}' if dv != d else ''}_{mask}{'_sc' if softcap else ''}"
-                f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}")
-        yield dict(name=name, targets=["sm90"], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
-                   softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=lse, deterministic=det)
+                f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}"
+                f"{f'_p{round(poly * 100)}' if poly else ''}{'_2cta' if two else ''}"
+                f"{'_sm100' if arch == 'sm100' else ''}")
+        pipeline = {**({"poly_exp": {"share": poly, "degree": 3}} if poly else {}),
+                    **({"two_cta": True} if two else {})}
+        training = lse and arch == "sm90"
+        yield dict(name=name, targets=[arch], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
+                   softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=training, deterministic=det,
+                   **({} if arch == "sm90" else {"return_lse": lse}), **({"pipeline": pipeline} if pipeline else {}))
 
 
 def _functions(sass: str):
@@ -64,14 +79,14 @@ def _mma_loop_spills(sass: str, loops) -> list[tuple[int, int, int]]:
     per-block MMA count (tools/sass_loops.py prints them all)."""
     rows = []
     for body in loops(sass):
-        mma = sum("HGMMA" in line for line in body)
+        mma = sum(any(op in line for op in ("HGMMA", "UTCHMMA", "UTCQMMA", "UTCOMMA")) for line in body)
         spills = sum(bool(re.search(r"\b(LDL|STL)\b", line)) for line in body)
         if mma and spills:
             rows.append((len(body), mma, spills))
     return rows
 
 
-def sweep(specs, out_rows, directions=("fwd", "bwd"), workers=0, skip_twins=False):
+def sweep(specs, out_rows, directions=("fwd", "bwd"), workers=0, skip_twins=False, arch="sm90"):
     from fa4gen.builder import compile_specs_for_sass, plan_spec
     from fa4gen.compile.sass import loops
     from fa4gen.plan import PlanError
@@ -81,7 +96,7 @@ def sweep(specs, out_rows, directions=("fwd", "bwd"), workers=0, skip_twins=Fals
     for data in specs:
         try:
             spec = spec_from_dict(data)
-            plans, _ = plan_spec(spec, archs=["sm90"])
+            plans, _ = plan_spec(spec, archs=[arch])
             # skip_twins: an allow_gqa variant's MHA-call backward (bwd_sm90_mha) is the allow_gqa: false variant's
             # kernel, which the sweep compiles anyway when its variants include those (main: --gqa with a 0)
             plans = [p for p in plans if p.direction in directions and not (p.mha_only and skip_twins)]
@@ -126,16 +141,21 @@ def main(argv=None) -> int:
     ap.add_argument("--only", choices=("fwd", "bwd"), default=None, help="compile only this direction's kernels")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     ap.add_argument("--jobs", type=int, default=0, help="compile processes (0: one per CPU, as memory allows)")
+    ap.add_argument("--arch", choices=("sm90", "sm100"), default="sm90",
+                    help="sm100: the SM100 forwards (compiled only; forward-only specs, --lse as return_lse)")
+    ap.add_argument("--poly", default="0", help="comma list of poly_exp shares (0: MUFU only)")
+    ap.add_argument("--two-cta", default="0", help="sm100: comma list of 0 / 1 (2-CTA MMA; no mask, not varlen)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
     flags = lambda text: [bool(int(x)) for x in text.split(",")]  # noqa: E731
     specs = variants(dims, args.masks.split(","), [float(x) for x in args.softcap.split(",")],
-                     flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse))
+                     flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse),
+                     [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch)
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,
-              skip_twins=False in flags(args.gqa))
+              skip_twins=False in flags(args.gqa), arch=args.arch)
     finally:
         if args.out is not None:
             args.out.write_text(json.dumps(rows, indent=1))
