@@ -112,38 +112,29 @@ def online_softmax_step(
         if cutlass.const_expr(not is_first):
             acc = row_sum[r] * scale
         poly = [c for c in range(n_cols) if poly_every > 0 and c % poly_every == poly_every - 1]
-        if cutlass.const_expr(packed_poly and len(poly) > 1):
-            acc = _exp2_row_packed(s, r, row, scale_log2, max_scaled, poly, poly_coeffs, acc)
-        else:
-            for c in cutlass.range_constexpr(n_cols):
-                x = row[c] * scale_log2 - max_scaled
-                if cutlass.const_expr(c in poly):
-                    p = polyexp.exp2_poly(x, poly_coeffs)
-                else:
-                    p = cute.math.exp2(x, fastmath=True)
-                s[r, c] = p
-                acc += p
+        acc = _exp2_row(s, r, row, scale_log2, max_scaled, poly, poly_coeffs, acc, packed_poly)
         row_sum[r] = acc
         row_scale[r] = scale
 
 
-def _exp2_row_packed(s: cute.Tensor, r: int, row: list, scale_log2: Float32, max_scaled: Float32, poly: list,
-                     coeffs: tuple, acc: Float32) -> Float32:
-    """`online_softmax_step`'s exp2s of row r with the polynomial columns `poly` in pairs (`polyexp.exp2_poly2`), the
-    rest on MUFU; returns the row sum, added in column order as the scalar form adds it. Columns are taken up to
-    each pair's second column at a time, so that no more than one pair's span of exponent arguments is formed ahead
-    of its use (at share 0.5 this and all of a row's at once spilled alike, 14 registers at d128: sm100.packed_poly
-    starts at every 5th column)."""
+def _exp2_row(s: cute.Tensor, r: int, row: list, scale_log2: Float32, max_scaled: Float32, poly: list,
+              coeffs: tuple, acc: Float32, packed: bool) -> Float32:
+    """`online_softmax_step`'s exp2s of row r: 2**(x * scale_log2 - max_scaled) into s[r, :], the columns `poly` by
+    the FMA polynomial and the rest on MUFU; returns the row sum, added in column order. With `packed` (sm_100+) the
+    polynomial columns go in pairs through `polyexp.exp2_poly2` (the same values), the columns up to each pair's
+    second one at a time, so that no more than one pair's span is formed ahead of its use (at share 0.5 that and a
+    whole row at once spilled alike, 14 registers at d128: sm100.packed_poly starts at every 5th column)."""
+    pairs = [(poly[i], poly[i + 1]) for i in range(0, len(poly) - 1, 2)] if packed else []
     done = 0
-    cuts = [(poly[i], poly[i + 1]) for i in range(0, len(poly) - 1, 2)] + [(None, len(row) - 1)]
-    for a, b in cuts:
-        xs = {c: row[c] * scale_log2 - max_scaled for c in range(done, b + 1)}
+    for a, b in pairs + [(None, len(row) - 1)]:
         ps = {}
         if a is not None:
-            ps[a], ps[b] = polyexp.exp2_poly2(xs[a], xs[b], coeffs)
+            ps[a], ps[b] = polyexp.exp2_poly2(row[a] * scale_log2 - max_scaled, row[b] * scale_log2 - max_scaled,
+                                              coeffs)
         for c in range(done, b + 1):
             if c not in ps:
-                ps[c] = polyexp.exp2_poly(xs[c], coeffs) if c in poly else cute.math.exp2(xs[c], fastmath=True)
+                x = row[c] * scale_log2 - max_scaled
+                ps[c] = polyexp.exp2_poly(x, coeffs) if c in poly else cute.math.exp2(x, fastmath=True)
             s[r, c] = ps[c]
             acc = acc + ps[c]
         done = b + 1
