@@ -222,11 +222,11 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         ap.error("--rounds: expected a positive count")
     spec = spec_for(args.head_dim, args.mask == "causal", args.backward)
-    ours = child_code(args.backward, HOOK + (PASS_HOOK if args.pass_timing else ""), spec, args.seqlen_q)
+    hook = HOOK + (PASS_HOOK if args.pass_timing else "")
+    ours = child_code(args.backward, hook, spec, args.seqlen_q)
     if args.against_ref:
         return against_ref(args, ours)
     rows = {"fa4gen": [], "flash_attn_4": []}
-    hook = HOOK + (PASS_HOOK if args.pass_timing else "")
     with tempfile.TemporaryDirectory(prefix="fa4gen-ct-") as tmp:
         site = unpack_fa4(args.fa4_wheel, Path(tmp) / "site")
         base = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
