@@ -50,6 +50,15 @@ VARIANTS = {
     "d128_two_cta": {"head_dim": 128, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},
     "d192_two_cta": {"head_dim": 192, "mask": {"kind": "none"}, "pipeline": {"two_cta": True}},  # tile_n 64
     "d192_128_two_cta_lse": {"head_dim": 192, "head_dim_v": 128, "return_lse": True, "pipeline": {"two_cta": True}},
+    # variants that spilled before session 52 (spill census, docs/SM100.md): the LSE epilogue of (192, 128) with
+    # two Q tiles, the 2-CTA (192, 128) MMA warp, chunked + softcap with every 3rd exp2 emulated (the chunk starts
+    # now once per Q tile), d192 chunked with one Q tile
+    "d192_128_causal_lse": {"head_dim": 192, "head_dim_v": 128, "mask": {"kind": "causal"}, "return_lse": True},
+    "d192_128_two_cta": {"head_dim": 192, "head_dim_v": 128, "pipeline": {"two_cta": True}},
+    "d128_chunked_softcap_poly34": {"head_dim": 128, "mask": {"kind": "chunked", "chunk_size": 96}, "softcap": 20.0,
+                                    "return_lse": True, "pipeline": {"poly_exp": {"share": 0.34, "degree": 3}}},
+    "d192_chunked_poly25": {"head_dim": 192, "mask": {"kind": "chunked", "chunk_size": 96},
+                            "pipeline": {"poly_exp": {"share": 0.25, "degree": 3}}},
     # packed sequences: the SM90 family's bounded TMA views and tile numbering (fa4gen/device/varlen.py)
     "d128_varlen_causal_lse": {"head_dim": 128, "mask": {"kind": "causal"}, "return_lse": True, "varlen": True},
     "d64_varlen_window_fp16": {"head_dim": 64, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100},

@@ -211,28 +211,27 @@ def rescale_o(o_tmem: cute.Tensor, thread: Int32, rows: softmax.RowState, chunk:
         cute.copy(store, regs, dst)
 
 
+def o_rows(o_tmem: cute.Tensor, thread: Int32, chunk: cutlass.Constexpr[int]) -> cute.Tensor:
+    """The (row, col) coordinates of this thread's first `chunk`-column slice of O (its rows, for the LSE store)."""
+    return quad_rows_cols(o_copies(column_chunk(o_tmem, 0, chunk), thread)[4])
+
+
 @cute.jit
-def o_epilogue(o_tmem: cute.Tensor, thread: Int32, rows: softmax.RowState, scale_log2: Float32,
-               sO: cute.Tensor, dtype: cutlass.Constexpr, chunk: cutlass.Constexpr[int]):
-    """Normalize O (softmax.finalize) `chunk` columns at a time, round it to `dtype` and write it into the
-    (128, head_dim_v) shared-memory tile `sO`. Returns the LSE of the thread's rows and the (row, col)
-    coordinates of its first chunk (for the LSE store)."""
-    lse = None
-    first_rows = None
+def o_epilogue(o_tmem: cute.Tensor, thread: Int32, inv: cute.Tensor, sO: cute.Tensor,
+               dtype: cutlass.Constexpr, chunk: cutlass.Constexpr[int]):
+    """Normalize O `chunk` columns at a time by the row factors `inv` (softmax.row_normalizers, reduced once per
+    tile), round it to `dtype` and write it into the (128, head_dim_v) shared-memory tile `sO`."""
     for c in cutlass.range_constexpr(o_tmem.shape[1] // chunk):
         load, _, src, _, coords = o_copies(column_chunk(o_tmem, c, chunk), thread)
-        if cutlass.const_expr(c == 0):
-            first_rows = quad_rows_cols(coords)
         regs = cute.make_rmem_tensor(coords.shape, Float32)
         cute.copy(load, src, regs)
         cute.arch.fence_view_async_tmem_load()
-        lse = softmax.finalize(quad_rows_cols(regs), rows, scale_log2)
+        softmax.scale_rows(quad_rows_cols(regs), inv)
         out = cute.make_rmem_tensor(coords.shape, dtype)
         out.store(regs.load().to(dtype))
         to_smem = cute.make_tiled_copy_D(sm100_utils.get_smem_store_op(LayoutEnum.ROW_MAJOR, dtype, Float32, load), load)
         thr = to_smem.get_slice(thread)
         cute.copy(to_smem, thr.retile(out), thr.partition_D(cute.local_tile(sO, (ROWS, chunk), (0, c))))
-    return lse, first_rows
 
 
 @cute.jit
@@ -341,6 +340,7 @@ __all__ = [
     "load_stage",
     "o_copies",
     "o_epilogue",
+    "o_rows",
     "opaque",
     "p_store",
     "pack_stats",

@@ -174,20 +174,48 @@ def _scale_rows(o: cute.Tensor, row_scale: cute.Tensor):
 
 
 @cute.jit
+def row_normalizer(row_max: Float32, row_sum: Float32, scale_log2: Float32, lse: cute.Tensor, r: int) -> Float32:
+    """One row's 1 / row sum from its max and this thread's partial sum (reduced over the quad here), with its
+    natural-log LSE written to lse[r]; (0, -inf) for a row that saw no key."""
+    ln2 = 0.6931471805599453
+    total = quad_sum(row_sum)
+    inv = Float32(0.0)
+    lse[r] = -Float32.inf
+    if total > Float32(0.0):
+        inv = cute.arch.rcp_approx(total)
+        lse[r] = (row_max * scale_log2 + cute.math.log2(total, fastmath=True)) * ln2
+    return inv
+
+
+@cute.jit
+def row_normalizers(rows: RowState, scale_log2: Float32) -> tuple:
+    """`row_normalizer` of every row of `rows`, as two register tensors (inv, lse): the quad reductions done once,
+    for callers that normalize O in pieces (the SM100 correction warps, 16 columns at a time; `scale_rows`)."""
+    n_rows = cute.size(rows.row_sum)
+    inv = cute.make_rmem_tensor((n_rows,), Float32)
+    lse = cute.make_rmem_tensor((n_rows,), Float32)
+    for r in cutlass.range_constexpr(n_rows):
+        inv[r] = row_normalizer(rows.row_max[r], rows.row_sum[r], scale_log2, lse, r)
+    return inv, lse
+
+
+@cute.jit
+def scale_rows(o: cute.Tensor, inv: cute.Tensor):
+    """o[r, c] *= inv[r] for a (row, col) view."""
+    for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+            o[r, c] = o[r, c] * inv[r]
+
+
+@cute.jit
 def finalize(o: cute.Tensor, rows: RowState, scale_log2: Float32) -> cute.Tensor:
     """Normalize O rows by their sums; return the natural-log LSE per row (-inf, and O = 0, for
-    rows that saw no key)."""
-    ln2 = 0.6931471805599453
+    rows that saw no key). Row by row (each row's factor, then its columns), the order the SM90 epilogue's
+    SASS was tuned with."""
     n_rows = cute.size(o, mode=[0])
     lse = cute.make_rmem_tensor((n_rows,), Float32)
-    row_max, row_sum = rows.row_max, rows.row_sum
     for r in cutlass.range_constexpr(n_rows):
-        total = quad_sum(row_sum[r])
-        inv = Float32(0.0)
-        lse[r] = -Float32.inf
-        if total > Float32(0.0):
-            inv = cute.arch.rcp_approx(total)
-            lse[r] = (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * ln2
+        inv = row_normalizer(rows.row_max[r], rows.row_sum[r], scale_log2, lse, r)
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
             o[r, c] = o[r, c] * inv
     return lse

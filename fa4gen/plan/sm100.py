@@ -32,16 +32,28 @@ ELEM = 2
 AUTO_TILE_N = (128, 64)
 MAX_AUTO_STAGES = 4
 # setmaxnreg per thread (multiples of 8; the four warpgroups sum to 512 = 64K registers / 128 threads):
-# (softmax, correction, other) by (Q tiles, key tile width). Softmax warps raise their count, the others
-# lower it below the launch count (128). Chosen so that ptxas spills nothing in any variant the compile
-# tests build (tests/test_sm100_compile.py); the allocation is not monotonic in these numbers, so a new
-# split must be re-checked there. One Q tile: warpgroup 1 idles with the "other" count.
+# (softmax, correction, other) by (Q tiles, key tile width, CTAs per MMA). Softmax warps raise their count,
+# the others lower it below the launch count (128). Chosen so that ptxas spills nothing in any variant of
+# the spill census (`tools/spill_sweep.py --arch sm100`: head dims 64-256 and (192, 128), four masks, softcap,
+# varlen, LSE, poly-exp shares, 2-CTA; docs/SM100.md) nor of the compile tests (tests/test_sm100_compile.py);
+# the allocation is not monotonic in these numbers (a split 8 registers away from a clean one spilled in
+# session 52's census), so a new split must be re-checked there. One Q tile: warpgroup 1 idles with the
+# "other" count.
 REGS = {
-    (2, "wide"): dict(softmax=200, correction=72, other=40),  # tile_n > 96: 128 S values per thread
-    (2, "narrow"): dict(softmax=168, correction=80, other=96),  # tile_n <= 96: head_dim 192 MMAs need more
-    (1, "wide"): dict(softmax=200, correction=128, other=88),
-    (1, "narrow"): dict(softmax=200, correction=128, other=88),
+    (2, "wide", 1): dict(softmax=200, correction=72, other=40),  # tile_n > 96: 128 S values per thread
+    (2, "wide", 2): dict(softmax=200, correction=72, other=40),
+    # tile_n <= 96: head_dim 192 MMAs need more in the MMA warp; the correction warps' LSE epilogue of (192, 128)
+    # spilled 6-12 at 80 (session 52, was 168 / 80 / 96)
+    (2, "narrow", 1): dict(softmax=168, correction=96, other=80),
+    (2, "narrow", 2): dict(softmax=160, correction=96, other=96),  # d192 2-CTA (168 / 80 / 96 spilled 2 with softcap)
+    # one Q tile (ping_pong: false, or head dims whose two tiles do not fit the TMEM), one CTA or a pair
+    **{(1, width, pair): dict(softmax=200, correction=128, other=88)
+       for width in ("wide", "narrow") for pair in (1, 2)},
 }
+# 2-CTA with 128-key tiles above head dim 128 ((192, 128)): the MMA warp, issuing the pair's cta_group::2 MMAs of
+# 192-deep K, spilled 18-37 registers at 40 (session 52); 192 / 72 / 56 is clean there, but spilled 11 in the
+# d128 softmax warps (softcap, every 7th exp2 emulated), so it is kept to these head dims
+REGS_TWO_CTA_WIDE_ABOVE_128 = dict(softmax=192, correction=72, other=56)
 LAUNCH_REGS = REG_FILE // THREADS
 # Registers a softmax thread needs besides its S row fragment (row stats, coordinates, addresses), and
 # per polynomial degree for the exp2 emulation's temporaries (more when half or more of a row is
@@ -56,8 +68,14 @@ def _softmax_regs(tile_n: int, spec: AttentionSpec) -> int:
     return tile_n + SOFTMAX_REGS_OVERHEAD + per_degree * poly.degree
 
 
-def _regs(q_tiles: int, tile_n: int) -> dict:
-    return REGS[(q_tiles, "wide" if tile_n > 96 else "narrow")]
+def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int) -> dict:
+    """The setmaxnreg split of a plan (see REGS); `pair` 2 with two_cta; `head_dim` the larger of the two."""
+    width = "wide" if tile_n > 96 else "narrow"
+    if (q_tiles, width, pair) == (2, "wide", 2) and head_dim > 128:
+        return REGS_TWO_CTA_WIDE_ABOVE_128
+    return REGS[(q_tiles, width, pair)]
+
+
 O_CHUNK = 16  # O columns per TMEM load in the correction warps (registers: the correction has few)
 STATS_COLS = 16  # row scale, row max, row sum (4 rows each) per thread, padded to a power of two
 PERSISTENT_CTAS = 148  # SMs of a B200; the persistent grid strides over tiles, so any count is correct
@@ -121,7 +139,8 @@ def _choose_tiles(spec: AttentionSpec, problems: list, pair: int = 1) -> tuple[i
             stages = _fit_stages(q_tiles, tile_n, d, dv, pair) if p.kv_stages == "auto" else p.kv_stages
             smem, _ = _smem(q_tiles, tile_n, max(stages, 1), d, dv, pair)
             tried.append((q_tiles, tile_n, stages, tmem, smem))
-            fits_regs = _softmax_regs(tile_n, spec) <= _regs(q_tiles, tile_n)["softmax"] or p.tile_n != "auto"
+            budget = _regs(q_tiles, tile_n, pair, max(d, dv))["softmax"]
+            fits_regs = _softmax_regs(tile_n, spec) <= budget or p.tile_n != "auto"
             if tmem <= TMEM_COLUMNS and smem <= SMEM_BUDGET and stages >= 2 and fits_regs:
                 return q_tiles, tile_n, stages
     q_tiles, tile_n, stages, tmem, smem = tried[-1]  # the most modest candidate tells what is over
@@ -186,7 +205,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     every, share, fit = poly_choice(spec, tile_n, problems)
     check_threshold(spec, problems)
 
-    regs = _regs(q_tiles, tile_n)
+    regs = _regs(q_tiles, tile_n, pair, max(d, dv))
     softmax_regs = _softmax_regs(tile_n, spec)
     reg_file = 128 * (regs["softmax"] * q_tiles + regs["correction"] + regs["other"] * (3 - q_tiles))
     tmem_used = _tmem_used(q_tiles, tile_n, dv)
@@ -213,8 +232,8 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
         notes.append(f"ping_pong auto -> {'on' if q_tiles == 2 else 'off'} ({q_tiles} Q tile(s) fit the TMEM and "
                      "shared memory budgets)")
     if every:
-        notes.append(f"poly_exp share {p.poly_exp.share} -> every {every}th exp2 of a thread's row columns "
-                     f"(actual share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
+        notes.append(f"poly_exp share {p.poly_exp.share} -> one in every {every} exp2 of a thread's row "
+                     f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
     kind = spec.mask.kind
     scheduler = "persistent" if kind == "none" else "lpt"
     notes.append("scheduler: persistent grid of one CTA per SM striding over tiles" if scheduler == "persistent"

@@ -409,9 +409,12 @@ class FlashFwdSm100:
                     tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2)
                 )
                 for i in cutlass.range_constexpr(Q_TILES):
+                    # the row factors (quad-reduced once for all of O's chunks) and the LSE, stored before O is read,
+                    # so that its registers are free again when O's chunks take theirs
+                    inv, lse = softmax.row_normalizers(rows[i], scale_log2)
                     pipe_o.consumer_wait(bw.stage(Q_TILES, i, o_phase))
                     bw.fence_after_sync()
-                    lse, o_rows = bw.o_epilogue(tOtO_v[i], thread, rows[i], scale_log2, sO[None, None, i], DTYPE, O_CHUNK)
+                    bw.o_epilogue(tOtO_v[i], thread, inv, sO[None, None, i], DTYPE, O_CHUNK)
                     bw.fence_before_sync()
                     pipe_o.consumer_release(bw.stage(Q_TILES, i, o_phase))
                     cute.arch.fence_view_async_shared()
