@@ -56,6 +56,22 @@ def test_sm100_and_poly_variants_are_valid_forward_specs():
     assert [g["name"] for g in sm90] == ["sw_bf16_d64_none_p25"] and spec_from_dict(sm90[0]).backward
 
 
+def test_ping_pong_variants_name_and_set_the_switch():
+    """--ping-pong: "auto" leaves the spec's default (no name suffix), 0 / 1 set pipeline.ping_pong (one Q tile per
+    CTA on sm100 with 0) and name it _pp0 / _pp1, so each variant keeps a unique name."""
+    tool = _tool()
+    grid = list(tool.variants([(128, 128)], ["none"], [0.0], [False], [False], [False], ["bf16"], [False], [0.0],
+                              [False, True], "sm100", ["auto", False, True]))
+    assert [g["name"] for g in grid] == [
+        "sw_bf16_d128_none_nolse_sm100", "sw_bf16_d128_none_nolse_pp0_sm100", "sw_bf16_d128_none_nolse_pp1_sm100",
+        "sw_bf16_d128_none_nolse_2cta_sm100", "sw_bf16_d128_none_nolse_2cta_pp0_sm100",
+        "sw_bf16_d128_none_nolse_2cta_pp1_sm100"]
+    for g in grid:
+        spec = spec_from_dict(g)
+        want = "auto" if "_pp" not in g["name"] else "_pp1" in g["name"]
+        assert spec.pipeline.ping_pong == want
+
+
 def test_sass_functions_and_spills_in_mma_loops():
     tool = _tool()
 

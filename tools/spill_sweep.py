@@ -11,8 +11,9 @@ the per-block loops, where a spill costs every iteration, are the short ones: se
 Writes a JSON summary with --out.
 
 Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--only bwd] [--out F]`;
-session 51's SM100 census: `--arch sm100 --dims 64,128,192x128 --softcap 0,20 --gqa 0 --det 0 --lse 0,1 --two-cta 0,1
---poly 0.15,0.25,0.34`.
+session 52's SM100 census (688 variants, ~17 minutes on two cores; docs/SM100.md): `--arch sm100 --dims
+64,128,192,192x128,256 --masks none,causal,window,chunked --softcap 0,20 --gqa 0 --varlen 0,1 --det 0 --lse 0,1 --poly
+0,0.15,0.25,0.34 --two-cta 0,1`; `--ping-pong 0` builds the one-Q-tile plans (sm100) the default does not.
 One compile is about 3-10 s on one core; the default grid is a few hundred kernels (tens of minutes).
 """
 
@@ -33,15 +34,16 @@ MASKS = {
 
 
 def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), polys=(0.0,), two_ctas=(False,),
-             arch="sm90"):
+             arch="sm90", ping_pongs=("auto",)):
     """Spec dicts of the grid: with the LSE, backward: true, so each has a forward (writing the LSE) and a backward
     kernel; without (lses holding False), forward-only inference specs, return_lse: false (their forward keeps no
     LSE registers, so it allocates differently: session 49's d64 chunked + softcap 192-row forward spilled 12 there
     and 4 with the LSE). `dets` applies to the LSE variants only. `polys`: poly_exp shares (0: MUFU only).
     arch "sm100": forward-only specs (no SM100 backward), the LSE as return_lse; `two_ctas` True only without a mask
-    and varlen (the planner's 2-CTA cases)."""
-    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two in itertools.product(
-            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas):
+    and varlen (the planner's 2-CTA cases). `ping_pongs`: "auto", True or False (pipeline.ping_pong; on sm100 False is one
+    Q tile per CTA)."""
+    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two, pp in itertools.product(
+            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas, ping_pongs):
         if det and (not lse or arch != "sm90"):
             continue  # (deterministic is a backward property)
         if two and (arch != "sm100" or mask != "none" or varlen):
@@ -49,9 +51,9 @@ def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), p
         name = (f"sw_{dtype}_d{d}{f'x{dv}' if dv != d else ''}_{mask}{'_sc' if softcap else ''}"
                 f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}"
                 f"{f'_p{round(poly * 100)}' if poly else ''}{'_2cta' if two else ''}"
-                f"{'_sm100' if arch == 'sm100' else ''}")
+                f"{'' if pp == 'auto' else f'_pp{int(pp)}'}{'_sm100' if arch == 'sm100' else ''}")
         pipeline = {**({"poly_exp": {"share": poly, "degree": 3}} if poly else {}),
-                    **({"two_cta": True} if two else {})}
+                    **({"two_cta": True} if two else {}), **({} if pp == "auto" else {"ping_pong": pp})}
         training = lse and arch == "sm90"
         yield dict(name=name, targets=[arch], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
                    softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=training, deterministic=det,
@@ -145,13 +147,16 @@ def main(argv=None) -> int:
                     help="sm100: the SM100 forwards (compiled only; forward-only specs, --lse as return_lse)")
     ap.add_argument("--poly", default="0", help="comma list of poly_exp shares (0: MUFU only)")
     ap.add_argument("--two-cta", default="0", help="sm100: comma list of 0 / 1 (2-CTA MMA; no mask, not varlen)")
+    ap.add_argument("--ping-pong", default="auto", help="comma list of auto / 0 / 1 (pipeline.ping_pong; on sm100 0 is "
+                    "one Q tile per CTA)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
     flags = lambda text: [bool(int(x)) for x in text.split(",")]  # noqa: E731
     specs = variants(dims, args.masks.split(","), [float(x) for x in args.softcap.split(",")],
                      flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse),
-                     [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch)
+                     [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch,
+                     ["auto" if x == "auto" else bool(int(x)) for x in args.ping_pong.split(",")])
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,
