@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def listings(paths: list[str], archs: list[str], workers: int, out: Path) -> None:
-    """Compile every kernel of `paths` for `archs` in this process's tree and write
-    {"spec|arch|module": [instructions, resources] or null} to `out`."""
-    from fa4gen.builder import compile_specs_for_sass
-    from fa4gen.compile.sass import instruction_lines
+    """Compile every kernel of `paths` for `archs` with the tree this process imports fa4gen from (fa4gen's own
+    pipeline: `compile_all` of tools/pipeline_sass_check.py, trimmed) and write {"spec|arch|module": [instructions,
+    resources] or null} to `out`."""
     from fa4gen.plan import plan_kernels
     from fa4gen.spec import load_spec
+    from pipeline_sass_check import compile_all  # this script's folder, first on sys.path
 
     pairs = []
     for path in paths:
@@ -35,23 +35,9 @@ def listings(paths: list[str], archs: list[str], workers: int, out: Path) -> Non
         plans = [p for arch in archs if arch in spec.targets for p in plan_kernels(spec, arch)]
         if plans:
             pairs.append((spec, plans))
-    rows = {}
     with tempfile.TemporaryDirectory(prefix="fa4gen-sid-") as tmp:
-        results = compile_specs_for_sass(pairs, Path(tmp), "sid", workers=workers,
-                                         log=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
-        for (spec, _), kernels in zip(pairs, results):
-            for plan, report, sass in kernels:
-                ok = sass and report.status in ("compiled", "cached")
-                rows[f"{spec.name}|{plan.arch}|{plan.module}"] = (
-                    [instruction_lines(sass), _resources(report.meta)] if ok else None)
-    out.write_text(json.dumps(rows))
-
-
-def _resources(meta: dict) -> list:
-    kernels = meta.get("kernels", {})
-    return [sorted(kernels[name].items()) for name in sorted(kernels)] + [
-        [k, meta.get(k)] for k in ("registers", "smem_static", "smem_dynamic", "stack_frame", "spill_loads",
-                                   "spill_stores")]
+        rows = compile_all(pairs, Path(tmp), False, workers, lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    out.write_text(json.dumps({"|".join(key): value for key, value in rows.items()}))
 
 
 def _run_tree(tree: Path, paths: list[str], archs: list[str], workers: int, out: Path) -> dict:

@@ -148,9 +148,9 @@ def rescale_rows(o: cute.Tensor, rows: RowState, *, vote: cutlass.Constexpr[bool
     row_scale = rows.row_scale
     if cutlass.const_expr(vote):
         if warp_needs_rescale(rows, cute.size(o, mode=[0])):
-            _scale_rows(o, row_scale)
+            scale_rows(o, row_scale)
     else:
-        _scale_rows(o, row_scale)
+        scale_rows(o, row_scale)
 
 
 @cute.jit
@@ -166,7 +166,8 @@ def warp_needs_rescale(rows: RowState, n_rows: cutlass.Constexpr[int]) -> cutlas
 
 
 @cute.jit
-def _scale_rows(o: cute.Tensor, row_scale: cute.Tensor):
+def scale_rows(o: cute.Tensor, row_scale: cute.Tensor):
+    """o[r, c] *= row_scale[r] for a (row, col) view: the O rescale, and the SM100 epilogue's 1 / row sum per chunk."""
     for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
         scale = row_scale[r]
         for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
@@ -197,14 +198,6 @@ def row_normalizers(rows: RowState, scale_log2: Float32) -> tuple:
     for r in cutlass.range_constexpr(n_rows):
         inv[r] = row_normalizer(rows.row_max[r], rows.row_sum[r], scale_log2, lse, r)
     return inv, lse
-
-
-@cute.jit
-def scale_rows(o: cute.Tensor, inv: cute.Tensor):
-    """o[r, c] *= inv[r] for a (row, col) view."""
-    for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-        for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-            o[r, c] = o[r, c] * inv[r]
 
 
 @cute.jit
