@@ -46,7 +46,7 @@ REGS = {
     # spilled 6-12 at 80 (session 52, was 168 / 80 / 96)
     (2, "narrow", 1): dict(softmax=168, correction=96, other=80),
     (2, "narrow", 2): dict(softmax=160, correction=96, other=96),  # d192 2-CTA (168 / 80 / 96 spilled 2 with softcap)
-    # one Q tile (ping_pong: false, or head dims whose two tiles do not fit the TMEM), one CTA or a pair: the softmax
+    # one Q tile (ping_pong: false where two tiles would fit), O at most 128 columns, one CTA or a pair: the softmax
     # warps of d128 / (192, 128) chunked with every 3rd exp2 emulated spilled 8 at 200 (and d64 / d128 window + varlen
     # with every 7th spilled 7 at 208); 216 / 112 / 88 is clean in the one-Q-tile census (session 53, was 200 / 128 / 88)
     **{(1, width, pair): dict(softmax=216, correction=112, other=88)
@@ -56,6 +56,9 @@ REGS = {
 # 192-deep K, spilled 18-37 registers at 40 (session 52); 192 / 72 / 56 is clean there, but spilled 11 in the
 # d128 softmax warps (softcap, every 7th exp2 emulated), so it is kept to these head dims
 REGS_TWO_CTA_WIDE_ABOVE_128 = dict(softmax=192, correction=72, other=56)
+# one Q tile with O wider than 128 columns (d192 / d256: two tiles do not fit the TMEM): 216 / 112 / 88 spilled 69-71 in
+# the fp16 d192 window + GQA + varlen softmax warps (session 53's GQA / fp16 census), where 200 / 128 / 88 is clean
+REGS_ONE_Q_TILE_WIDE_O = dict(softmax=200, correction=128, other=88)
 LAUNCH_REGS = REG_FILE // THREADS
 # Registers a softmax thread needs besides its S row fragment (row stats, coordinates, addresses), and
 # per polynomial degree for the exp2 emulation's temporaries (more when half or more of a row is
@@ -70,9 +73,11 @@ def _softmax_regs(tile_n: int, spec: AttentionSpec) -> int:
     return tile_n + SOFTMAX_REGS_OVERHEAD + per_degree * poly.degree
 
 
-def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int) -> dict:
+def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int, head_dim_v: int) -> dict:
     """The setmaxnreg split of a plan (see REGS); `pair` 2 with two_cta; `head_dim` the larger of the two."""
     width = "wide" if tile_n > 96 else "narrow"
+    if q_tiles == 1 and head_dim_v > 128:
+        return REGS_ONE_Q_TILE_WIDE_O
     if (q_tiles, width, pair) == (2, "wide", 2) and head_dim > 128:
         return REGS_TWO_CTA_WIDE_ABOVE_128
     return REGS[(q_tiles, width, pair)]
@@ -141,7 +146,7 @@ def _choose_tiles(spec: AttentionSpec, problems: list, pair: int = 1) -> tuple[i
             stages = _fit_stages(q_tiles, tile_n, d, dv, pair) if p.kv_stages == "auto" else p.kv_stages
             smem, _ = _smem(q_tiles, tile_n, max(stages, 1), d, dv, pair)
             tried.append((q_tiles, tile_n, stages, tmem, smem))
-            budget = _regs(q_tiles, tile_n, pair, max(d, dv))["softmax"]
+            budget = _regs(q_tiles, tile_n, pair, max(d, dv), dv)["softmax"]
             fits_regs = _softmax_regs(tile_n, spec) <= budget or p.tile_n != "auto"
             if tmem <= TMEM_COLUMNS and smem <= SMEM_BUDGET and stages >= 2 and fits_regs:
                 return q_tiles, tile_n, stages
@@ -207,7 +212,7 @@ def plan_forward(spec: AttentionSpec) -> KernelPlan:
     every, share, fit = poly_choice(spec, tile_n, problems)
     check_threshold(spec, problems)
 
-    regs = _regs(q_tiles, tile_n, pair, max(d, dv))
+    regs = _regs(q_tiles, tile_n, pair, max(d, dv), dv)
     softmax_regs = _softmax_regs(tile_n, spec)
     reg_file = 128 * (regs["softmax"] * q_tiles + regs["correction"] + regs["other"] * (3 - q_tiles))
     tmem_used = _tmem_used(q_tiles, tile_n, dv)
