@@ -62,6 +62,9 @@ VARIANTS = {
     # one Q tile where two would fit, chunked with every 3rd exp2 emulated: its softmax warps spilled 8 before session 53
     "d128_chunked_poly34_one_tile": {"head_dim": 128, "mask": {"kind": "chunked", "chunk_size": 96},
                                      "pipeline": {"ping_pong": False, "poly_exp": {"share": 0.34, "degree": 3}}},
+    # fp16 d192 window + GQA + varlen: its softmax warps spilled 71 at 216 / 112 / 88 (session 53's GQA / fp16 census)
+    "d192_window_gqa_varlen_fp16": {"head_dim": 192, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100,
+                                    "right": 20}, "allow_gqa": True, "varlen": True},
     # packed sequences: the SM90 family's bounded TMA views and tile numbering (fa4gen/device/varlen.py)
     "d128_varlen_causal_lse": {"head_dim": 128, "mask": {"kind": "causal"}, "return_lse": True, "varlen": True},
     "d64_varlen_window_fp16": {"head_dim": 64, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100},
