@@ -74,7 +74,8 @@ def _softmax_regs(tile_n: int, spec: AttentionSpec) -> int:
 
 
 def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int, head_dim_v: int) -> dict:
-    """The setmaxnreg split of a plan (see REGS); `pair` 2 with two_cta; `head_dim` the larger of the two."""
+    """The setmaxnreg split of a plan (see REGS); `pair` 2 with two_cta; `head_dim` the larger of the two head dims,
+    `head_dim_v` O's width (one Q tile with O wider than 128 columns: REGS_ONE_Q_TILE_WIDE_O)."""
     width = "wide" if tile_n > 96 else "narrow"
     if q_tiles == 1 and head_dim_v > 128:
         return REGS_ONE_Q_TILE_WIDE_O
