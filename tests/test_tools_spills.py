@@ -94,3 +94,30 @@ def test_sass_functions_and_spills_in_mma_loops():
     assert len(re.findall(r"\b(?:LDL|STL)\b", names["Preprocess"])) == 2
     assert tool._mma_loop_spills(sass, loops) == [(3, 1, 1)]
     assert tool._mma_loop_spills(sass.replace("LDL R5, [R1]", "IADD3 R5, R5, 1, RZ"), loops) == []
+
+
+def test_spills_by_setmaxnreg_region():
+    """Each LDL/STL counts for the last USETMAXREG before it ("launch" before any), named by the plan's roles; a
+    TRY_ALLOC with its predicate and a DEALLOC both open a region; counts shared by two roles name both."""
+    from types import SimpleNamespace
+
+    tool = _tool()
+    body = "\n".join([
+        "STL [R1], R2 ;",
+        "USETMAXREG.DEALLOC.CTAPOOL 0x58 ;",
+        "LDL R2, [R1] ;",
+        "USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xd8 ;",
+        "LDL.64 R4, [R1+0x8] ;",
+        "STL.128 [R1+0x10], R8 ;",
+        "FFMA R3, R3, R4, R5 ;",  # no spill
+        "USETMAXREG.DEALLOC.CTAPOOL 0x20 ;",
+        "STL [R1+0x20], R6 ;",
+    ])
+    plan = SimpleNamespace(regs_softmax=216, regs_correction=112, regs_other=88)
+    names = tool.role_names(plan)
+    assert names == {216: "softmax", 112: "correction", 88: "other"}
+    assert tool.spills_by_role(body, names) == {"launch": 1, "other 88": 1, "softmax 216": 2, "setmaxnreg 32": 1}
+    assert tool.spills_by_role(body.replace("LDL", "MOV").replace("STL", "MOV")) == {}
+    shared = tool.role_names(SimpleNamespace(regs_producer=24, regs_consumer=240, regs_softmax=0))
+    assert shared == {24: "producer", 240: "consumers"}
+    assert tool.role_names(SimpleNamespace(regs_softmax=200, regs_correction=88, regs_other=88))[88] == "correction/other"

@@ -6,7 +6,8 @@ only; forward-only specs, `--lse` then meaning return_lse, `--two-cta` the 2-CTA
 no mask, not varlen).
 
 For each kernel of each variant it prints the spill instructions per CUDA function of the module
-(main kernel, pre/postprocess) and the loops issuing MMAs that hold some (instructions, MMAs, LDL/STL;
+(main kernel, pre/postprocess), by the warp role whose setmaxnreg region holds them (`spills_by_role`: "softmax 216",
+"consumers 240", "launch" before any setmaxnreg), and the loops issuing MMAs that hold some (instructions, MMAs, LDL/STL;
 the per-block loops, where a spill costs every iteration, are the short ones: see tools/sass_loops.py).
 Writes a JSON summary with --out.
 
@@ -75,6 +76,39 @@ def _short(name: str) -> str:
     return name[:40]
 
 
+_SETMAXNREG = re.compile(r"\bUSETMAXREG\.(?:TRY_ALLOC|DEALLOC)\S*\s+(?:U?P\d+,\s*)?(0x[0-9a-fA-F]+|\d+)")
+
+
+def role_names(plan) -> dict[int, str]:
+    """setmaxnreg count -> the warp roles that set it, from the plan's register split (SM90: producer / consumers;
+    SM100: softmax / correction / other). Roles sharing a count are joined with '/'."""
+    roles = (("producer", "regs_producer"), ("consumers", "regs_consumer"), ("softmax", "regs_softmax"),
+             ("correction", "regs_correction"), ("other", "regs_other"))
+    names: dict[int, list[str]] = {}
+    for role, field in roles:
+        count = getattr(plan, field, 0) or 0
+        if count:
+            names.setdefault(count, []).append(role)
+    return {count: "/".join(found) for count, found in names.items()}
+
+
+def spills_by_role(body: str, names: dict[int, str] | None = None) -> dict[str, int]:
+    """LDL/STL of one function's SASS by the setmaxnreg region they sit in: each spill counts for the last
+    USETMAXREG before it in the listing ("launch" before any). Warp-role branches follow their setmaxnreg in
+    program order in these kernels, so the region names the role whose register budget ran out. `names` maps a
+    count to role names (role_names); a count not in it is reported as "setmaxnreg N"."""
+    names = names or {}
+    region, counts = "launch", {}
+    for line in body.splitlines():
+        found = _SETMAXNREG.search(line)
+        if found:
+            n = int(found.group(1), 0)
+            region = f"{names[n]} {n}" if n in names else f"setmaxnreg {n}"
+        elif re.search(r"\b(LDL|STL)\b", line):
+            counts[region] = counts.get(region, 0) + 1
+    return counts
+
+
 def _mma_loop_spills(sass: str, loops) -> list[tuple[int, int, int]]:
     """(instructions, MMAs, LDL/STL) of every loop that issues MMAs and spills. `loops` lists nested and
     overlapping back-branch regions too, so the per-block loops are the short ones with the kernel's
@@ -116,16 +150,20 @@ def sweep(specs, out_rows, directions=("fwd", "bwd"), workers=0, skip_twins=Fals
                     out_rows.append(dict(spec=plan.name, kernel=plan.module, error=report.detail or "not compiled"))
                     print(f"{plan.name} {plan.module}: NOT COMPILED {report.detail}", flush=True)
                     continue
-                per_fn = {}
+                per_fn, by_role, names = {}, {}, role_names(plan)
                 for fn, body in _functions(sass):
                     n = len(re.findall(r"\b(?:LDL|STL)\b", body))
                     if n:
                         per_fn[_short(fn)] = per_fn.get(_short(fn), 0) + n
+                        for role, k in spills_by_role(body, names).items():
+                            key = f"{_short(fn)}: {role}"
+                            by_role[key] = by_role.get(key, 0) + k
                 in_loops = _mma_loop_spills(sass, loops)
                 row = dict(spec=plan.name, kernel=plan.module, tile_m=plan.tile_m, tile_n=plan.tile_n,
-                           spills=per_fn, mma_loops_with_spills=in_loops)
+                           spills=per_fn, spills_by_role=by_role, mma_loops_with_spills=in_loops)
                 out_rows.append(row)
-                flag = "" if not per_fn else f"  SPILLS {per_fn}; MMA loops (instructions, MMAs, LDL/STL): {in_loops}"
+                flag = "" if not per_fn else (f"  SPILLS {per_fn}; by setmaxnreg region {by_role}; "
+                                              f"MMA loops (instructions, MMAs, LDL/STL): {in_loops}")
                 print(f"{plan.name} {plan.module} {plan.tile_m}x{plan.tile_n}{flag}", flush=True)
 
 

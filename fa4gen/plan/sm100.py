@@ -37,8 +37,8 @@ MAX_AUTO_STAGES = 4
 # the spill census (`tools/spill_sweep.py --arch sm100`: head dims 64-256 and (192, 128), four masks, softcap,
 # varlen, LSE, poly-exp shares, 2-CTA; docs/SM100.md) nor of the compile tests (tests/test_sm100_compile.py);
 # the allocation is not monotonic in these numbers (a split 8 registers away from a clean one spilled in
-# session 52's census), so a new split must be re-checked there. One Q tile: warpgroup 1 idles with the
-# "other" count.
+# session 52's census), so a new split must be re-checked there. Two Q tiles here; one Q tile: REGS_ONE_Q_TILE
+# (warpgroup 1 idles with the "other" count).
 REGS = {
     (2, "wide", 1): dict(softmax=200, correction=72, other=40),  # tile_n > 96: 128 S values per thread
     (2, "wide", 2): dict(softmax=200, correction=72, other=40),
@@ -46,12 +46,11 @@ REGS = {
     # spilled 6-12 at 80 (session 52, was 168 / 80 / 96)
     (2, "narrow", 1): dict(softmax=168, correction=96, other=80),
     (2, "narrow", 2): dict(softmax=160, correction=96, other=96),  # d192 2-CTA (168 / 80 / 96 spilled 2 with softcap)
-    # one Q tile (ping_pong: false where two tiles would fit), O at most 128 columns, one CTA or a pair: the softmax
-    # warps of d128 / (192, 128) chunked with every 3rd exp2 emulated spilled 8 at 200 (and d64 / d128 window + varlen
-    # with every 7th spilled 7 at 208); 216 / 112 / 88 is clean in the one-Q-tile census (session 53, was 200 / 128 / 88)
-    **{(1, width, pair): dict(softmax=216, correction=112, other=88)
-       for width in ("wide", "narrow") for pair in (1, 2)},
 }
+# one Q tile (ping_pong: false where two tiles would fit), O at most 128 columns, any key tile width, one CTA or a pair:
+# the softmax warps of d128 / (192, 128) chunked with every 3rd exp2 emulated spilled 8 at 200 (and d64 / d128 window +
+# varlen with every 7th spilled 7 at 208); 216 / 112 / 88 is clean in the one-Q-tile census (session 53, was 200 / 128 / 88)
+REGS_ONE_Q_TILE = dict(softmax=216, correction=112, other=88)
 # 2-CTA with 128-key tiles above head dim 128 ((192, 128)): the MMA warp, issuing the pair's cta_group::2 MMAs of
 # 192-deep K, spilled 18-37 registers at 40 (session 52); 192 / 72 / 56 is clean there, but spilled 11 in the
 # d128 softmax warps (softcap, every 7th exp2 emulated), so it is kept to these head dims
@@ -74,11 +73,12 @@ def _softmax_regs(tile_n: int, spec: AttentionSpec) -> int:
 
 
 def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int, head_dim_v: int) -> dict:
-    """The setmaxnreg split of a plan (see REGS); `pair` 2 with two_cta; `head_dim` the larger of the two head dims,
-    `head_dim_v` O's width (one Q tile with O wider than 128 columns: REGS_ONE_Q_TILE_WIDE_O)."""
+    """The setmaxnreg split of a plan (REGS for two Q tiles, REGS_ONE_Q_TILE for one); `pair` 2 with two_cta;
+    `head_dim` the larger of the two head dims, `head_dim_v` O's width (one Q tile with O wider than 128 columns:
+    REGS_ONE_Q_TILE_WIDE_O)."""
     width = "wide" if tile_n > 96 else "narrow"
-    if q_tiles == 1 and head_dim_v > 128:
-        return REGS_ONE_Q_TILE_WIDE_O
+    if q_tiles == 1:
+        return REGS_ONE_Q_TILE_WIDE_O if head_dim_v > 128 else REGS_ONE_Q_TILE
     if (q_tiles, width, pair) == (2, "wide", 2) and head_dim > 128:
         return REGS_TWO_CTA_WIDE_ABOVE_128
     return REGS[(q_tiles, width, pair)]
