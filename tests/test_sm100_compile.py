@@ -65,6 +65,9 @@ VARIANTS = {
     # fp16 d192 window + GQA + varlen: its softmax warps spilled 71 at 216 / 112 / 88 (session 53's GQA / fp16 census)
     "d192_window_gqa_varlen_fp16": {"head_dim": 192, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100,
                                     "right": 20}, "allow_gqa": True, "varlen": True},
+    # fp16 d192 chunked + varlen, a quarter of the exp2 emulated: its softmax warps spilled 2 at 200 / 128 / 88 (session 54)
+    "d192_chunked_varlen_poly25_fp16": {"head_dim": 192, "dtype": "fp16", "mask": {"kind": "chunked", "chunk_size": 96},
+                                        "varlen": True, "pipeline": {"poly_exp": {"share": 0.25, "degree": 3}}},
     # packed sequences: the SM90 family's bounded TMA views and tile numbering (fa4gen/device/varlen.py)
     "d128_varlen_causal_lse": {"head_dim": 128, "mask": {"kind": "causal"}, "return_lse": True, "varlen": True},
     "d64_varlen_window_fp16": {"head_dim": 64, "dtype": "fp16", "mask": {"kind": "sliding_window", "left": 100},

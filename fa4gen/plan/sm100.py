@@ -56,8 +56,10 @@ REGS_ONE_Q_TILE = dict(softmax=216, correction=112, other=88)
 # d128 softmax warps (softcap, every 7th exp2 emulated), so it is kept to these head dims
 REGS_TWO_CTA_WIDE_ABOVE_128 = dict(softmax=192, correction=72, other=56)
 # one Q tile with O wider than 128 columns (d192 / d256: two tiles do not fit the TMEM): 216 / 112 / 88 spilled 69-71 in
-# the fp16 d192 window + GQA + varlen softmax warps (session 53's GQA / fp16 census), where 200 / 128 / 88 is clean
-REGS_ONE_Q_TILE_WIDE_O = dict(softmax=200, correction=128, other=88)
+# the fp16 d192 window + GQA + varlen softmax warps (session 53's GQA / fp16 census); 200 / 128 / 88 spilled 2 in fp16
+# d192 chunked + varlen with a quarter of the exp2 emulated; 208 / 120 / 88 is clean in all 1,088 d192 / d256 kernels of
+# session 54's census (bf16 / fp16, four masks, softcap, GQA, varlen, LSE, shares 0-0.34, 2-CTA)
+REGS_ONE_Q_TILE_WIDE_O = dict(softmax=208, correction=120, other=88)
 LAUNCH_REGS = REG_FILE // THREADS
 # Registers a softmax thread needs besides its S row fragment (row stats, coordinates, addresses), and
 # per polynomial degree for the exp2 emulation's temporaries (more when half or more of a row is
