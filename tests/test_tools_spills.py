@@ -121,3 +121,19 @@ def test_spills_by_setmaxnreg_region():
     shared = tool.role_names(SimpleNamespace(regs_producer=24, regs_consumer=240, regs_softmax=0))
     assert shared == {24: "producer", 240: "consumers"}
     assert tool.role_names(SimpleNamespace(regs_softmax=200, regs_correction=88, regs_other=88))[88] == "correction/other"
+
+
+def test_explicit_tile_and_stage_variants_name_and_set_the_fields():
+    """--tile-m / --tile-n / --kv-stages: "auto" leaves the field alone (no suffix); integers set pipeline.tile_m /
+    tile_n / kv_stages and name them _m / _n / _kv, so every variant keeps a unique name."""
+    tool = _tool()
+    grid = list(tool.variants([(128, 128)], ["none"], [0.0], [False], [False], [False], ["bf16"], [False], [0.0],
+                              [False], "sm90", ["auto"], ["auto", 192], ["auto", 64, 160], ["auto", 3]))
+    assert len(grid) == 2 * 3 * 2 and len({g["name"] for g in grid}) == len(grid)
+    by_name = {g["name"]: g for g in grid}
+    assert "pipeline" not in by_name["sw_bf16_d128_none_nolse"]
+    assert by_name["sw_bf16_d128_none_nolse_m192_n160_kv3"]["pipeline"] == {"tile_m": 192, "tile_n": 160, "kv_stages": 3}
+    for g in grid:
+        spec = spec_from_dict(g)
+        assert spec.pipeline.tile_n == (160 if "_n160" in g["name"] else 64 if "_n64" in g["name"] else "auto")
+        assert spec.pipeline.kv_stages == (3 if "_kv3" in g["name"] else "auto")

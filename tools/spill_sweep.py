@@ -35,16 +35,18 @@ MASKS = {
 
 
 def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), polys=(0.0,), two_ctas=(False,),
-             arch="sm90", ping_pongs=("auto",)):
+             arch="sm90", ping_pongs=("auto",), tile_ms=("auto",), tile_ns=("auto",), kv_stages=("auto",)):
     """Spec dicts of the grid: with the LSE, backward: true, so each has a forward (writing the LSE) and a backward
     kernel; without (lses holding False), forward-only inference specs, return_lse: false (their forward keeps no
     LSE registers, so it allocates differently: session 49's d64 chunked + softcap 192-row forward spilled 12 there
     and 4 with the LSE). `dets` applies to the LSE variants only. `polys`: poly_exp shares (0: MUFU only).
     arch "sm100": forward-only specs (no SM100 backward), the LSE as return_lse; `two_ctas` True only without a mask
     and varlen (the planner's 2-CTA cases). `ping_pongs`: "auto", True or False (pipeline.ping_pong; on sm100 False is one
-    Q tile per CTA)."""
-    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two, pp in itertools.product(
-            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas, ping_pongs):
+    Q tile per CTA). `tile_ms`, `tile_ns`, `kv_stages`: "auto" or explicit pipeline.tile_m / tile_n / kv_stages, the
+    forward choices a spec may set (combinations the planner refuses are reported as refused)."""
+    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two, pp, tm, tn, kv in itertools.product(
+            dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas, ping_pongs, tile_ms, tile_ns,
+            kv_stages):
         if det and (not lse or arch != "sm90"):
             continue  # (deterministic is a backward property)
         if two and (arch != "sm100" or mask != "none" or varlen):
@@ -52,9 +54,12 @@ def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), p
         name = (f"sw_{dtype}_d{d}{f'x{dv}' if dv != d else ''}_{mask}{'_sc' if softcap else ''}"
                 f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}"
                 f"{f'_p{round(poly * 100)}' if poly else ''}{'_2cta' if two else ''}"
-                f"{'' if pp == 'auto' else f'_pp{int(pp)}'}{'_sm100' if arch == 'sm100' else ''}")
+                f"{'' if pp == 'auto' else f'_pp{int(pp)}'}{'' if tm == 'auto' else f'_m{tm}'}"
+                f"{'' if tn == 'auto' else f'_n{tn}'}{'' if kv == 'auto' else f'_kv{kv}'}{'_sm100' if arch == 'sm100' else ''}")
         pipeline = {**({"poly_exp": {"share": poly, "degree": 3}} if poly else {}),
-                    **({"two_cta": True} if two else {}), **({} if pp == "auto" else {"ping_pong": pp})}
+                    **({"two_cta": True} if two else {}), **({} if pp == "auto" else {"ping_pong": pp}),
+                    **{field: value for field, value in (("tile_m", tm), ("tile_n", tn), ("kv_stages", kv))
+                       if value != "auto"}}
         training = lse and arch == "sm90"
         yield dict(name=name, targets=[arch], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
                    softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=training, deterministic=det,
@@ -187,6 +192,9 @@ def main(argv=None) -> int:
     ap.add_argument("--two-cta", default="0", help="sm100: comma list of 0 / 1 (2-CTA MMA; no mask, not varlen)")
     ap.add_argument("--ping-pong", default="auto", help="comma list of auto / 0 / 1 (pipeline.ping_pong; on sm100 0 is "
                     "one Q tile per CTA)")
+    for flag, field in (("--tile-m", "tile_m"), ("--tile-n", "tile_n"), ("--kv-stages", "kv_stages")):
+        ap.add_argument(flag, default="auto", help=f"comma list of auto / integers (pipeline.{field}: the explicit "
+                        "choices a spec may make; refused combinations are listed as refused)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
@@ -194,7 +202,9 @@ def main(argv=None) -> int:
     specs = variants(dims, args.masks.split(","), [float(x) for x in args.softcap.split(",")],
                      flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse),
                      [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch,
-                     ["auto" if x == "auto" else bool(int(x)) for x in args.ping_pong.split(",")])
+                     ["auto" if x == "auto" else bool(int(x)) for x in args.ping_pong.split(",")],
+                     *([x if x == "auto" else int(x) for x in text.split(",")]
+                       for text in (args.tile_m, args.tile_n, args.kv_stages)))
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,
