@@ -137,3 +137,18 @@ def test_explicit_tile_and_stage_variants_name_and_set_the_fields():
         spec = spec_from_dict(g)
         assert spec.pipeline.tile_n == (160 if "_n160" in g["name"] else 64 if "_n64" in g["name"] else "auto")
         assert spec.pipeline.kv_stages == (3 if "_kv3" in g["name"] else "auto")
+
+
+def test_backward_switch_variants():
+    """--bwd-swap-ab / --bwd-dq-atomic set the backward's switches on training specs (named _swap / _atomic) and
+    skip forward-only specs, where they would change nothing."""
+    tool = _tool()
+    grid = list(tool.variants([(64, 64)], ["causal"], [20.0], [False], [False], [False], ["bf16"], [True, False], [0.0],
+                              [False], "sm90", ["auto"], ["auto"], ["auto"], ["auto"], ["auto", True, False],
+                              ["auto", True]))
+    names = [g["name"] for g in grid]
+    assert names == ["sw_bf16_d64_causal_sc", "sw_bf16_d64_causal_sc_atomic1", "sw_bf16_d64_causal_sc_swap1",
+                     "sw_bf16_d64_causal_sc_swap1_atomic1", "sw_bf16_d64_causal_sc_swap0",
+                     "sw_bf16_d64_causal_sc_swap0_atomic1", "sw_bf16_d64_causal_sc_nolse"]
+    swap = spec_from_dict(grid[3])
+    assert swap.pipeline.bwd_swap_ab is True and swap.pipeline.bwd_dq_atomic is True

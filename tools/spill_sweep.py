@@ -35,7 +35,8 @@ MASKS = {
 
 
 def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), polys=(0.0,), two_ctas=(False,),
-             arch="sm90", ping_pongs=("auto",), tile_ms=("auto",), tile_ns=("auto",), kv_stages=("auto",)):
+             arch="sm90", ping_pongs=("auto",), tile_ms=("auto",), tile_ns=("auto",), kv_stages=("auto",),
+             swaps=("auto",), dq_atomics=("auto",)):
     """Spec dicts of the grid: with the LSE, backward: true, so each has a forward (writing the LSE) and a backward
     kernel; without (lses holding False), forward-only inference specs, return_lse: false (their forward keeps no
     LSE registers, so it allocates differently: session 49's d64 chunked + softcap 192-row forward spilled 12 there
@@ -43,10 +44,13 @@ def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), p
     arch "sm100": forward-only specs (no SM100 backward), the LSE as return_lse; `two_ctas` True only without a mask
     and varlen (the planner's 2-CTA cases). `ping_pongs`: "auto", True or False (pipeline.ping_pong; on sm100 False is one
     Q tile per CTA). `tile_ms`, `tile_ns`, `kv_stages`: "auto" or explicit pipeline.tile_m / tile_n / kv_stages, the
-    forward choices a spec may set (combinations the planner refuses are reported as refused)."""
-    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two, pp, tm, tn, kv in itertools.product(
+    forward choices a spec may set (combinations the planner refuses are reported as refused); `swaps`, `dq_atomics`:
+    "auto", True or False (the backward's pipeline.bwd_swap_ab / bwd_dq_atomic)."""
+    for (d, dv), mask, softcap, gqa, varlen, det, dtype, lse, poly, two, pp, tm, tn, kv, sw, at in itertools.product(
             dims, masks, softcaps, gqas, varlens, dets, dtypes, lses, polys, two_ctas, ping_pongs, tile_ms, tile_ns,
-            kv_stages):
+            kv_stages, swaps, dq_atomics):
+        if (sw != "auto" or at != "auto") and not (lse and arch == "sm90"):
+            continue  # (backward switches: training specs only)
         if det and (not lse or arch != "sm90"):
             continue  # (deterministic is a backward property)
         if two and (arch != "sm100" or mask != "none" or varlen):
@@ -55,10 +59,13 @@ def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), p
                 f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}"
                 f"{f'_p{round(poly * 100)}' if poly else ''}{'_2cta' if two else ''}"
                 f"{'' if pp == 'auto' else f'_pp{int(pp)}'}{'' if tm == 'auto' else f'_m{tm}'}"
-                f"{'' if tn == 'auto' else f'_n{tn}'}{'' if kv == 'auto' else f'_kv{kv}'}{'_sm100' if arch == 'sm100' else ''}")
+                f"{'' if tn == 'auto' else f'_n{tn}'}{'' if kv == 'auto' else f'_kv{kv}'}"
+                f"{'' if sw == 'auto' else f'_swap{int(sw)}'}{'' if at == 'auto' else f'_atomic{int(at)}'}"
+                f"{'_sm100' if arch == 'sm100' else ''}")
         pipeline = {**({"poly_exp": {"share": poly, "degree": 3}} if poly else {}),
                     **({"two_cta": True} if two else {}), **({} if pp == "auto" else {"ping_pong": pp}),
-                    **{field: value for field, value in (("tile_m", tm), ("tile_n", tn), ("kv_stages", kv))
+                    **{field: value for field, value in (("tile_m", tm), ("tile_n", tn), ("kv_stages", kv),
+                                                         ("bwd_swap_ab", sw), ("bwd_dq_atomic", at))
                        if value != "auto"}}
         training = lse and arch == "sm90"
         yield dict(name=name, targets=[arch], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
@@ -195,6 +202,9 @@ def main(argv=None) -> int:
     for flag, field in (("--tile-m", "tile_m"), ("--tile-n", "tile_n"), ("--kv-stages", "kv_stages")):
         ap.add_argument(flag, default="auto", help=f"comma list of auto / integers (pipeline.{field}: the explicit "
                         "choices a spec may make; refused combinations are listed as refused)")
+    ap.add_argument("--bwd-swap-ab", default="auto", help="comma list of auto / 0 / 1 (pipeline.bwd_swap_ab; training "
+                    "specs only)")
+    ap.add_argument("--bwd-dq-atomic", default="auto", help="comma list of auto / 0 / 1 (pipeline.bwd_dq_atomic)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
@@ -204,7 +214,9 @@ def main(argv=None) -> int:
                      [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch,
                      ["auto" if x == "auto" else bool(int(x)) for x in args.ping_pong.split(",")],
                      *([x if x == "auto" else int(x) for x in text.split(",")]
-                       for text in (args.tile_m, args.tile_n, args.kv_stages)))
+                       for text in (args.tile_m, args.tile_n, args.kv_stages)),
+                     *(["auto" if x == "auto" else bool(int(x)) for x in text.split(",")]
+                       for text in (args.bwd_swap_ab, args.bwd_dq_atomic)))
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,
