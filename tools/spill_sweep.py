@@ -14,7 +14,9 @@ Writes a JSON summary with --out.
 Run: `PYTHONPATH=. python tools/spill_sweep.py [--dims 64,128,256] [--masks none,causal] [--only bwd] [--out F]`;
 session 52's SM100 census (688 variants, ~17 minutes on two cores; docs/SM100.md): `--arch sm100 --dims
 64,128,192,192x128,256 --masks none,causal,window,chunked --softcap 0,20 --gqa 0 --varlen 0,1 --det 0 --lse 0,1 --poly
-0,0.15,0.25,0.34 --two-cta 0,1`; `--ping-pong 0` builds the one-Q-tile plans (sm100) the default does not.
+0,0.15,0.25,0.34 --two-cta 0,1`; `--ping-pong 0` builds the one-Q-tile plans (sm100) the default does not;
+`--tile-m / --tile-n / --kv-stages` (comma lists of integers or auto) and `--bwd-swap-ab / --bwd-dq-atomic` build
+the explicit choices a spec may make (session 54's censuses of them: docs/PERF.md).
 One compile is about 3-10 s on one core; the default grid is a few hundred kernels (tens of minutes).
 """
 
