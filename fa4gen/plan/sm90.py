@@ -147,9 +147,9 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     )
     if smem > SMEM_BUDGET:
         problems.append(problem(
-            "pipeline", f"shared memory budget exceeded: Q {tile_m}x{spec.head_dim} + {kv_stages} stage{'s' if kv_stages != 1 else ''} of "
-            f"K/V {tile_n}x({spec.head_dim}+{spec.head_dim_v}) need {smem} bytes > {SMEM_BUDGET} (227 KB per CTA "
-            "on sm90); lower pipeline.tile_n or pipeline.kv_stages",
+            "pipeline", f"shared memory budget exceeded: Q {tile_m}x{spec.head_dim} + {kv_stages} "
+            f"stage{'s' if kv_stages != 1 else ''} of K/V {tile_n}x({spec.head_dim}+{spec.head_dim_v}) need {smem} "
+            f"bytes > {SMEM_BUDGET} (227 KB per CTA on sm90); lower pipeline.tile_n or pipeline.kv_stages",
         ))
     if regs > regs_consumer:
         problems.append(problem(
