@@ -57,18 +57,16 @@ def variants(dims, masks, softcaps, gqas, varlens, dets, dtypes, lses=(True,), p
             continue  # (deterministic is a backward property)
         if two and (arch != "sm100" or mask != "none" or varlen):
             continue
+        # the pipeline fields set explicitly ("auto" leaves one alone): (field, name tag, value)
+        explicit = [(field, tag, value) for field, tag, value in (
+            ("ping_pong", "pp", pp), ("tile_m", "m", tm), ("tile_n", "n", tn), ("kv_stages", "kv", kv),
+            ("bwd_swap_ab", "swap", sw), ("bwd_dq_atomic", "atomic", at)) if value != "auto"]
         name = (f"sw_{dtype}_d{d}{f'x{dv}' if dv != d else ''}_{mask}{'_sc' if softcap else ''}"
                 f"{'_gqa' if gqa else ''}{'_vl' if varlen else ''}{'_det' if det else ''}{'' if lse else '_nolse'}"
                 f"{f'_p{round(poly * 100)}' if poly else ''}{'_2cta' if two else ''}"
-                f"{'' if pp == 'auto' else f'_pp{int(pp)}'}{'' if tm == 'auto' else f'_m{tm}'}"
-                f"{'' if tn == 'auto' else f'_n{tn}'}{'' if kv == 'auto' else f'_kv{kv}'}"
-                f"{'' if sw == 'auto' else f'_swap{int(sw)}'}{'' if at == 'auto' else f'_atomic{int(at)}'}"
-                f"{'_sm100' if arch == 'sm100' else ''}")
+                f"{''.join(f'_{tag}{int(value)}' for _, tag, value in explicit)}{'_sm100' if arch == 'sm100' else ''}")
         pipeline = {**({"poly_exp": {"share": poly, "degree": 3}} if poly else {}),
-                    **({"two_cta": True} if two else {}), **({} if pp == "auto" else {"ping_pong": pp}),
-                    **{field: value for field, value in (("tile_m", tm), ("tile_n", tn), ("kv_stages", kv),
-                                                         ("bwd_swap_ab", sw), ("bwd_dq_atomic", at))
-                       if value != "auto"}}
+                    **({"two_cta": True} if two else {}), **{field: value for field, _, value in explicit}}
         training = lse and arch == "sm90"
         yield dict(name=name, targets=[arch], dtype=dtype, head_dim=d, head_dim_v=dv, mask=MASKS[mask],
                    softcap=softcap, allow_gqa=gqa, varlen=varlen, backward=training, deterministic=det,
@@ -211,14 +209,14 @@ def main(argv=None) -> int:
     os.environ.setdefault("FA4GEN_QUIET", "1")
     dims = [(int(t.split("x")[0]), int(t.split("x")[-1])) for t in args.dims.split(",")]
     flags = lambda text: [bool(int(x)) for x in text.split(",")]  # noqa: E731
+    # comma lists of "auto" or values: switches (0 / 1) or integers
+    auto_or = lambda text, conv: ["auto" if x == "auto" else conv(int(x)) for x in text.split(",")]  # noqa: E731
     specs = variants(dims, args.masks.split(","), [float(x) for x in args.softcap.split(",")],
                      flags(args.gqa), flags(args.varlen), flags(args.det), args.dtypes.split(","), flags(args.lse),
                      [float(x) for x in args.poly.split(",")], flags(args.two_cta), args.arch,
-                     ["auto" if x == "auto" else bool(int(x)) for x in args.ping_pong.split(",")],
-                     *([x if x == "auto" else int(x) for x in text.split(",")]
-                       for text in (args.tile_m, args.tile_n, args.kv_stages)),
-                     *(["auto" if x == "auto" else bool(int(x)) for x in text.split(",")]
-                       for text in (args.bwd_swap_ab, args.bwd_dq_atomic)))
+                     auto_or(args.ping_pong, bool),
+                     *(auto_or(text, int) for text in (args.tile_m, args.tile_n, args.kv_stages)),
+                     *(auto_or(text, bool) for text in (args.bwd_swap_ab, args.bwd_dq_atomic)))
     rows = []
     try:
         sweep(specs, rows, (args.only,) if args.only else ("fwd", "bwd"), workers=args.jobs,

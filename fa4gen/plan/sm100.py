@@ -78,9 +78,9 @@ def _regs(q_tiles: int, tile_n: int, pair: int, head_dim: int, head_dim_v: int) 
     """The setmaxnreg split of a plan (REGS for two Q tiles, REGS_ONE_Q_TILE for one); `pair` 2 with two_cta;
     `head_dim` the larger of the two head dims, `head_dim_v` O's width (one Q tile with O wider than 128 columns:
     REGS_ONE_Q_TILE_WIDE_O)."""
-    width = "wide" if tile_n > 96 else "narrow"
     if q_tiles == 1:
         return REGS_ONE_Q_TILE_WIDE_O if head_dim_v > 128 else REGS_ONE_Q_TILE
+    width = "wide" if tile_n > 96 else "narrow"
     if (q_tiles, width, pair) == (2, "wide", 2) and head_dim > 128:
         return REGS_TWO_CTA_WIDE_ABOVE_128
     return REGS[(q_tiles, width, pair)]
