@@ -518,7 +518,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(1)
                 # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
                 mask.apply_mask_by_key(
-                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, cute.arch.make_warp_uniform(seqlen_k - seqlen_q),
                     Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
                 )
                 for c in cutlass.range_constexpr(n_cols):
