@@ -802,6 +802,23 @@ def test_deterministic_backward_states_its_measured_cost(dims, mask, expect):
     assert notes(False) == []
 
 
+@pytest.mark.parametrize("dims, softcap, swap, expect_note", [
+    ((64, None), 20.0, "auto", True), ((64, None), 20.0, False, False), ((64, None), 20.0, True, False),
+    ((64, None), 0.0, "auto", False), ((128, None), 20.0, "auto", False),
+])
+def test_d64_softcap_backward_states_its_spilling_layout(dims, softcap, swap, expect_note):
+    """#3's SASS target is missed on purpose in one place: the d <= 64 softcap backward's auto layout, whose 128-row
+    S loop spills registers but measured faster than the spill-free Sᵀ form; the plan says so (and names the
+    switch) only where auto chose it."""
+    spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {"bwd_swap_ab": swap}, backward=True,
+                                     softcap=softcap))
+    bwd = plan_kernels(spec, "sm90")[-1]
+    notes = [n for n in bwd.notes if n.startswith("bwd_swap_ab auto -> S")]
+    assert len(notes) == expect_note, bwd.notes
+    if expect_note:
+        assert "bwd_swap_ab: true" in notes[0] and re.search(r"session \d+, docs/PERF\.md", notes[0])
+
+
 @pytest.mark.parametrize("allow_gqa", [True, False])
 def test_gqa_backward_has_an_mha_twin_for_mha_calls(allow_gqa):
     """allow_gqa (the spec default) sends dK/dV through fp32 workspaces: the spec then gets a second backward,

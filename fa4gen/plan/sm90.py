@@ -426,7 +426,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     # Sᵀ with P/dS in registers: by default for head dims <= 128 (FA3's / flash-attn-4's choice). On the
     # H200 (session 7, docs/PERF.md), against S with P and dS through shared memory: d128 +5-14% (80-row
     # steps without a mask), d64 +6-11% (128-row steps), varlen +4-22%. Not at d <= 64 with softcap:
-    # there Sᵀ takes 64-row steps (128 spilled), which measured ~10% slower than S with 128 rows
+    # there Sᵀ takes 64-row steps (128 spilled), which measured 0.904x S with 128 rows (H200, session 21) and
+    # 0.922x (H100, session 55), although that S loop spills registers in 20 of 32 such variants (CPU census)
     swap = spec.pipeline.bwd_swap_ab is True or (
         spec.pipeline.bwd_swap_ab == "auto" and max(d, dv) <= 128 and not (max(d, dv) <= 64 and spec.softcap)
     )
@@ -526,6 +527,10 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
            if atomic else "reduced into global memory by bulk reduce (cp.reduce.async.bulk), ")
         + "put in place by the postprocess",
     ]
+    if not swap and max(d, dv) <= 64 and spec.softcap and spec.pipeline.bwd_swap_ab == "auto":
+        notes.append("bwd_swap_ab auto -> S = Q·Kᵀ in 128-row steps: with softcap at head dims <= 64 this loop spills "
+                     "registers in most variants (LDL/STL in the SASS) and still measured 8% faster than the spill-free "
+                     "Sᵀ form in 64-row steps (bwd_swap_ab: true; session 55, docs/PERF.md)")
     if spec.allow_gqa:
         notes.append("GQA (allow_gqa): each query head's dK/dV are added in fp32 into its K/V head's workspace "
                      "(zeroed per call) and converted by the postprocess; the API runs this kernel for calls with "
