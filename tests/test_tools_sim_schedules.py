@@ -96,3 +96,21 @@ def test_causal_bwd_groups_model(sim):
         old, new = (sim.causal_bwd_groups(64, 128, seqlen, hb, c) for c in (132, 186))
         assert old == new and old[1] >= 1.0
     assert sim.causal_bwd_groups(64, 128, 512, 3, 132)[0] == 1  # 3 pairs: only 1 divides them
+
+
+@pytest.mark.parametrize("seqlen, left", [(3072, 1024), (1536, 512), (2048, None), (1100, 300)])
+def test_window_model_runs_every_tile_once(sim, seqlen, left):
+    """The window mode's model walks the kernel's own order (fa4gen.device.schedule): every (m_block, head, batch)
+    tile exactly once, the loads summing to the tiles' blocks plus overheads; a causal mask's units stay balanced
+    (within one unit of a perfect balance), and a tile's blocks follow the window (the first left / 128 tiles
+    ramp up, then a constant count)."""
+    loads, ran = sim.window_loads(seqlen, left, overhead=0.0)
+    batch, num_m = 16384 // seqlen, -(-seqlen // 128)
+    assert len(ran) == len(set(ran)) == num_m * 32 * batch
+    per_pair = sum(sim.window_blocks(m, seqlen, left) for m in range(num_m))
+    assert sum(loads) == per_pair * 32 * batch
+    if left is None:
+        assert per_pair == num_m * (num_m + 1) // 2
+        assert max(loads) <= sum(loads) / len(loads) + 2 * num_m
+    else:
+        assert [sim.window_blocks(m, 3072, 1024) for m in (0, 1, 7, 8, 9, 23)] == [1, 2, 8, 9, 9, 9]

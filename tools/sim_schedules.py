@@ -34,8 +34,17 @@ Prints each one's group and makespan over a perfect balance. Then the determinis
 last to first, groups of pairs whose query rows fit L2) with the turns' waits left out: the tail its
 shortest-first launch costs by itself, against the same groups longest-first.
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired` or `... groups` (docs/STATUS.md,
-sessions 11, 14 and 39, quote their output).
+`window`: the same masked persistent forward's order (fa4gen.device.schedule, units j / num_m - 1 - j striding over
+the CTAs, then the snake tail) under sliding windows of `left` keys (right 0, seqlen_q = seqlen_k, 128 x 128 tiles,
+16k tokens x 32 heads: d64's grid), a tile's work its key blocks plus `overhead`. The units pair a long tile with a
+short one, which equalizes them only with a causal mask: under a window every tile past the first left / 128 costs
+the same, so units differ, and when the CTA count is a multiple of the units per (head, batch) pair a CTA meets the
+same unit position in every pair (132 CTAs, s3072: 12 units, 11 per stride). Prints each shape's makespan over a
+perfect balance (session 55: the model's makespans times the H100's TFLOP/s of the window-1024 cells, s2560-8192, agree
+within 1.8%, where the TFLOP/s spread 14%).
+
+Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups` or `... window`
+(docs/STATUS.md, sessions 11, 14, 39 and 55, quote their output).
 """
 
 import argparse
@@ -229,6 +238,37 @@ def paired_makespans(num_m, hb, sms=132, overhead=0.3):
     return {"nested": nested, "units": max(units), "kernel": max(kernel), "ideal": ideal}
 
 
+def window_blocks(m, seqlen, left, tile=128):
+    """Key blocks query tile m (tile x tile, seqlen_q = seqlen_k, right 0) visits under a window of `left` keys
+    (None: causal), the diagonal block counted whole."""
+    first_row, last_row = m * tile, min(seqlen, (m + 1) * tile) - 1
+    first_key = 0 if left is None else max(0, first_row - left)
+    return last_row // tile - first_key // tile + 1
+
+
+def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128):
+    """Per-CTA work of the masked persistent forward's order (fa4gen.device.schedule.paired_schedule / paired_tile)
+    at 16k tokens (batch 16384 // seqlen, at least 1), with the kernel's CTA count (paired units, at most `sms`), and
+    the set of (m_block, head, batch) it ran (each tile once)."""
+    from fa4gen.device import schedule
+
+    batch = max(16384 // seqlen, 1)
+    num_m = -(-seqlen // tile)
+    tiles = num_m * heads * batch
+    pairs = min(tiles // (sms + 1), 1)  # schedule.pairs_for, in plain integers
+    ctas = min(sms, (tiles + pairs) >> pairs)  # schedule.paired_units
+    loads, ran = [], []
+    for cta in range(ctas):
+        iterations, *sched = schedule.paired_schedule(cta, ctas, tiles, num_m, heads * batch)
+        work = 0.0
+        for k in range(iterations):
+            tile_coords = schedule.paired_tile(k, cta, ctas, num_m, heads, sched)
+            ran.append(tile_coords)
+            work += window_blocks(tile_coords[0], seqlen, left, tile) + overhead
+        loads.append(work)
+    return loads, ran
+
+
 def _z_tile(z, num_m):
     """Query tile at position z of the order Z (fa4gen.device.schedule.paired_tile's, written out)."""
     hb, r = divmod(z, num_m)
@@ -240,7 +280,7 @@ def _z_tile(z, num_m):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -268,6 +308,18 @@ def main(argv=None) -> int:
                 print(f"masked persistent d{d} causal, seqlen 512-4096: {name} mean "
                       f"{statistics.mean(r[1][name] for r in rows):.3f}x a perfect balance, worst "
                       f"{worst[1][name]:.3f} (s{worst[0]})")
+    elif args.which == "window":
+        for left in (None, 256, 512, 1024, 2048):
+            cells = []
+            for seqlen in range(1024, 8193, 512):
+                if left is not None and left >= seqlen:
+                    continue
+                loads, _ = window_loads(seqlen, left, sms=args.sms)
+                cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
+            worst = max(cells, key=lambda c: c[1])
+            print(f"masked persistent d64, {'causal' if left is None else f'window {left}'}, {args.sms} SMs: makespan over "
+                  f"a perfect balance mean {statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
+                  + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
     elif args.which == "groups":
         for name, tile_m, tile_n in (("d64", 128, 128), ("d128", 64, 128), ("(192, 128)", 64, 96), ("d256", 64, 64)):
             for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
