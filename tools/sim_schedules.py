@@ -41,7 +41,7 @@ short one, which equalizes them only with a causal mask: under a window every ti
 the same, so units differ, and when the CTA count is a multiple of the units per (head, batch) pair a CTA meets the
 same unit position in every pair (132 CTAs, s3072: 12 units, 11 per stride). Prints each shape's makespan over a
 perfect balance (session 55: the model's makespans times the H100's TFLOP/s of the window-1024 cells, s2560-8192, agree
-within 1.8%, where the TFLOP/s spread 14%).
+within 1.6%, where the TFLOP/s spread 14%).
 
 Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups` or `... window`
 (docs/STATUS.md, sessions 11, 14, 39 and 55, quote their output).
