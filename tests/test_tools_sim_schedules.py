@@ -114,3 +114,12 @@ def test_window_model_runs_every_tile_once(sim, seqlen, left):
         assert max(loads) <= sum(loads) / len(loads) + 2 * num_m
     else:
         assert [sim.window_blocks(m, 3072, 1024) for m in (0, 1, 7, 8, 9, 23)] == [1, 2, 8, 9, 9, 9]
+
+
+def test_chunk_model_counts_blocks_from_the_chunk_start(sim):
+    """The chunked rows of the window mode: a tile's blocks run from its chunk's first key (every chunk ramps up
+    again), every tile once, the work kept."""
+    assert [sim.chunk_blocks(m, 1536, 1024) for m in range(12)] == [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]
+    loads, ran = sim.window_loads(1536, None, overhead=0.0, chunk=1024)
+    assert len(ran) == len(set(ran)) == 12 * 32 * (16384 // 1536)
+    assert sum(loads) == (36 + 10) * 32 * (16384 // 1536)

@@ -41,7 +41,8 @@ short one, which equalizes them only with a causal mask: under a window every ti
 the same, so units differ, and when the CTA count is a multiple of the units per (head, batch) pair a CTA meets the
 same unit position in every pair (132 CTAs, s3072: 12 units, 11 per stride). Prints each shape's makespan over a
 perfect balance (session 55: the model's makespans times the H100's TFLOP/s of the window-1024 cells, s2560-8192, agree
-within 1.6%, where the TFLOP/s spread 14%).
+within 1.6%, where the TFLOP/s spread 14%); then chunked masks of 512-2048 keys, whose tiles ramp up again in every
+chunk (the units balance them only when a chunk's tiles divide the pair's).
 
 Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups` or `... window`
 (docs/STATUS.md, sessions 11, 14, 39 and 55, quote their output).
@@ -246,10 +247,18 @@ def window_blocks(m, seqlen, left, tile=128):
     return last_row // tile - first_key // tile + 1
 
 
-def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128):
+def chunk_blocks(m, seqlen, chunk, tile=128):
+    """Key blocks query tile m (tile x tile, seqlen_q = seqlen_k) visits under a chunked mask of `chunk` keys (a
+    multiple of `tile`): from its chunk's first key to its last row, the diagonal block counted whole."""
+    first_row, last_row = m * tile, min(seqlen, (m + 1) * tile) - 1
+    return last_row // tile - (first_row // chunk * chunk) // tile + 1
+
+
+def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128, chunk=None):
     """Per-CTA work of the masked persistent forward's order (fa4gen.device.schedule.paired_schedule / paired_tile)
     at 16k tokens (batch 16384 // seqlen, at least 1), with the kernel's CTA count (paired units, at most `sms`), and
-    the set of (m_block, head, batch) it ran (each tile once)."""
+    the set of (m_block, head, batch) it ran (each tile once). `chunk`: a chunked mask of that many keys instead of
+    the window (`left` unused)."""
     from fa4gen.device import schedule
 
     batch = max(16384 // seqlen, 1)
@@ -264,7 +273,9 @@ def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128):
         for k in range(iterations):
             tile_coords = schedule.paired_tile(k, cta, ctas, num_m, heads, sched)
             ran.append(tile_coords)
-            work += window_blocks(tile_coords[0], seqlen, left, tile) + overhead
+            blocks = (window_blocks(tile_coords[0], seqlen, left, tile) if chunk is None
+                      else chunk_blocks(tile_coords[0], seqlen, chunk, tile))
+            work += blocks + overhead
         loads.append(work)
     return loads, ran
 
@@ -319,6 +330,17 @@ def main(argv=None) -> int:
             worst = max(cells, key=lambda c: c[1])
             print(f"masked persistent d64, {'causal' if left is None else f'window {left}'}, {args.sms} SMs: makespan over "
                   f"a perfect balance mean {statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
+                  + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
+        # chunked masks: each chunk's tiles ramp up again, which the units balance only when the chunk's tiles divide
+        # the pair's (session 55: not changed, noted)
+        for chunk in (512, 1024, 2048):
+            cells = []
+            for seqlen in range(chunk + 512, 4097, 512):
+                loads, _ = window_loads(seqlen, None, sms=args.sms, chunk=chunk)
+                cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
+            worst = max(cells, key=lambda c: c[1])
+            print(f"masked persistent d64, chunks of {chunk}, {args.sms} SMs: makespan over a perfect balance mean "
+                  f"{statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
                   + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
     elif args.which == "groups":
         for name, tile_m, tile_n in (("d64", 128, 128), ("d128", 64, 128), ("(192, 128)", 64, 96), ("d256", 64, 64)):
