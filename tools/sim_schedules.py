@@ -239,19 +239,28 @@ def paired_makespans(num_m, hb, sms=132, overhead=0.3):
     return {"nested": nested, "units": max(units), "kernel": max(kernel), "ideal": ideal}
 
 
+def _emulated_blocks(m, seqlen, tile, left=-1, chunk=0):
+    """Key blocks query tile m (tile x tile, seqlen_q = seqlen_k) visits, as the kernel's key-block range decides
+    it (fa4gen.emulate.tiling, the Python mirror of fa4gen.device.mask): a causal row's keys, a window of `left`
+    keys (right 0) or a chunk of `chunk` keys."""
+    from fa4gen.emulate import tiling
+
+    bounds = tiling.tile_bounds(m, tile, seqlen, seqlen, left, 0, chunk, causal=not chunk and left < 0,
+                                local=left >= 0, chunked=chunk > 0)
+    n_min, n_max = tiling.n_block_range(bounds, tile)
+    return n_max - n_min
+
+
 def window_blocks(m, seqlen, left, tile=128):
-    """Key blocks query tile m (tile x tile, seqlen_q = seqlen_k, right 0) visits under a window of `left` keys
-    (None: causal), the diagonal block counted whole."""
-    first_row, last_row = m * tile, min(seqlen, (m + 1) * tile) - 1
-    first_key = 0 if left is None else max(0, first_row - left)
-    return last_row // tile - first_key // tile + 1
+    """Key blocks query tile m visits under a window of `left` keys left of the diagonal, right 0 (None: causal),
+    the diagonal block counted whole."""
+    return _emulated_blocks(m, seqlen, tile, left=-1 if left is None else left)
 
 
 def chunk_blocks(m, seqlen, chunk, tile=128):
-    """Key blocks query tile m (tile x tile, seqlen_q = seqlen_k) visits under a chunked mask of `chunk` keys (a
-    multiple of `tile`): from its chunk's first key to its last row, the diagonal block counted whole."""
-    first_row, last_row = m * tile, min(seqlen, (m + 1) * tile) - 1
-    return last_row // tile - (first_row // chunk * chunk) // tile + 1
+    """Key blocks query tile m visits under a chunked mask of `chunk` keys: from its chunk's first key to its last
+    row, the diagonal block counted whole."""
+    return _emulated_blocks(m, seqlen, tile, chunk=chunk)
 
 
 def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128, chunk=None):
