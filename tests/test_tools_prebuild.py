@@ -74,7 +74,7 @@ def test_bench_run_specs_are_the_rows_specs():
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="128,192x128", masks="none,causal", bwd=True, deterministic=True, bwd_swap_ab=False,
                            softcap=0.0, gqa=4, tile_m="auto", tile_n="auto", window=None, fwd_lse=False,
-                           kv_stages="auto", pipeline={})
+                           kv_stages="auto", pipeline={}, chunk=None)
     specs = bench.run_specs(args)
     assert len(specs) == 2 * 2 * 3
     assert [s["name"] for s in specs[:3]] == ["bench_d128_full", "bench_bwd_d128_full_gqa", "bench_bwd_det_d128_full_gqa"]
@@ -95,7 +95,7 @@ def test_bench_window_rows_are_gemma_style_specs_with_exact_flops():
     bench = load_tool("bench_fwd")
     args = SimpleNamespace(dims="256", masks="none,causal", bwd=False, deterministic=False, bwd_swap_ab=False,
                            softcap=50.0, gqa=2, tile_m="auto", tile_n="auto", window=4095, fwd_lse=True,
-                           kv_stages="auto", pipeline={})
+                           kv_stages="auto", pipeline={}, chunk=None)
     full, win = bench.run_specs(args)
     assert full["mask"] == {"kind": "none"} and full["backward"] is True
     assert win["mask"] == {"kind": "sliding_window", "left": 4095, "right": 0} and win["name"].endswith("_w4095_lse")
@@ -104,3 +104,10 @@ def test_bench_window_rows_are_gemma_style_specs_with_exact_flops():
     assert bench._causal_keys(4096, 4095) == 4096 * 4096 / 2  # the window covers the whole row: causal's count
     assert bench._causal_keys(8, 2) == (1 + 2 + 3) + 5 * 3  # rows 0-2 see 1-3 keys, rows 3-7 three each
     assert bench._causal_keys(8, None) == 32
+    # --chunk: the causal row a chunked mask (flash-attn-4 stays causal, a clock reference)
+    args.window, args.chunk = None, 2048
+    _, chunked = bench.run_specs(args)
+    assert chunked["mask"] == {"kind": "chunked", "chunk_size": 2048} and chunked["name"].endswith("_c2048_lse")
+    assert spec_from_dict(chunked, source="<dict>").mask.chunk_size == 2048
+    assert bench._causal_keys(8, None, 3) == 2 * (1 + 2 + 3) + (1 + 2)  # two whole chunks of 3, one of 2
+    assert bench._causal_keys(6, None, 8) == 6 * 7 / 2  # one partial chunk: the exact causal count

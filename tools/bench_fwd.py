@@ -119,9 +119,10 @@ def _pipeline_field(text: str) -> tuple[str, object]:
 
 def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
               tile_n="auto", window: int | None = None, lse: bool = False, kv_stages="auto",
-              pipeline: dict | None = None) -> dict:
+              pipeline: dict | None = None, chunk: int | None = None) -> dict:
     """The forward spec the grid benchmarks (and tools/bwd_ncu.py --fwd profiles). window: the causal rows
     become sliding windows of `window` keys left of the diagonal (Gemma 2's local layers: left 4095, right 0);
+    chunk: the causal rows become a chunked mask of `chunk` keys (Llama 4's local layers: 8192).
     lse: the spec has backward: true, so the forward also writes the LSE (what a training spec compiles).
     pipeline: further spec pipeline fields (--pipeline), applied last; the name carries a hash of them."""
     dv = dv or d
@@ -130,18 +131,24 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softca
     mask = {"kind": "causal" if causal else "none"}
     if causal and window is not None:
         mask = {"kind": "sliding_window", "left": window, "right": 0}
+    if causal and chunk is not None:
+        mask = {"kind": "chunked", "chunk_size": chunk}
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
                      f"{f'_m{tile_m}' if tile_m != 'auto' else ''}{f'_n{tile_n}' if tile_n != 'auto' else ''}"
                      f"{f'_s{kv_stages}' if kv_stages != 'auto' else ''}{tag}"
                      f"{f'_w{window}' if causal and window is not None else ''}"
+                     f"{f'_c{chunk}' if causal and chunk is not None else ''}"
                      f"{'_lse' if lse else ''}",
                 targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv, mask=mask, backward=lse,
                 softcap=softcap, pipeline={"tile_m": tile_m, "tile_n": tile_n, "kv_stages": kv_stages, **extra})
 
 
-def _causal_keys(s: int, window: int | None) -> float:
+def _causal_keys(s: int, window: int | None, chunk: int | None = None) -> float:
     """Query-key pairs a causal row of length s computes (s²/2 as the grid counts it; with a window of
-    `window` keys left of the diagonal, the exact count)."""
+    `window` keys left of the diagonal, or chunks of `chunk` keys, the exact count)."""
+    if chunk is not None:
+        whole, rest = divmod(s, chunk)
+        return whole * chunk * (chunk + 1) / 2 + rest * (rest + 1) / 2
     if window is None or window + 1 >= s:
         return s * s / 2
     w = window + 1
@@ -245,7 +252,7 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
                          args.gqa > 1 or args.bwd_allow_gqa)
 
     fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse,
-                    args.kv_stages, args.pipeline)
+                    args.kv_stages, args.pipeline, args.chunk)
     return fwd, bwd(False) if args.bwd else None, bwd(True) if args.bwd and args.deterministic else None
 
 
@@ -275,6 +282,10 @@ def main():
     ap.add_argument("--window", type=int, default=None, metavar="LEFT",
                     help="the causal rows as sliding windows: LEFT keys left of the diagonal, none right (Gemma 2's "
                          "local layers: 4095); flash-attn-4 gets window_size=(LEFT, 0); forward only")
+    ap.add_argument("--chunk", type=int, default=None, metavar="KEYS",
+                    help="the causal rows as a chunked mask of KEYS keys (Llama 4's local layers: 8192); flash-attn-4 "
+                         "has no chunked mask and runs causal, as a same-run clock reference only (A/Bs divide by it); "
+                         "forward only")
     ap.add_argument("--fwd-lse", action="store_true",
                     help="the forward specs have backward: true, so the forward writes the LSE as training specs do")
     ap.add_argument("--bwd-swap-ab", action="store_true",
@@ -335,6 +346,8 @@ def main():
         raise SystemExit(f"--skip: expected a comma list of cudnn, sdpa_flash; got {args.skip!r}")
     if args.window is not None and (args.window < 0 or args.bwd):
         raise SystemExit(f"--window: expected a key count >= 0, forward only (not with --bwd); got {args.window}")
+    if args.chunk is not None and (args.chunk < 1 or args.bwd or args.window is not None):
+        raise SystemExit(f"--chunk: expected a key count >= 1, forward only (not with --bwd or --window); got {args.chunk}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
         raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
     global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF
@@ -418,17 +431,19 @@ def main():
                 k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, s, h_kv, dv, device="cuda", dtype=torch.bfloat16)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                pairs = _causal_keys(s, args.window) if causal else s * s
+                pairs = _causal_keys(s, args.window, args.chunk) if causal else s * s
                 flops = 2 * b * h * pairs * (d + dv)  # Q·Kᵀ over d, P·V over dv
                 windowed = causal and args.window is not None
+                chunked = causal and args.chunk is not None
                 res = {"d": d, "dv": dv, "seqlen": s, "causal": causal, "batch": b, "heads": h, "kv_heads": h_kv,
                        "first_call_s": first_call_s, "window": (args.window, 0) if windowed else None,
+                       "chunk": args.chunk if chunked else None,
                        "fa4gen_kernel": op.forward_plan(op.arch_for(q.device), s)["module"]}
                 ours = pkg.attention(q, k, v)
                 impls = {"fa4gen": lambda: pkg.attention(q, k, v),
                          "cudnn": lambda: cudnn(qt, kt, vt, causal), "sdpa_flash": lambda: flash(qt, kt, vt, causal)}
-                # (SDPA computes no softcap and no sliding window)
-                untimed = {"cudnn", "sdpa_flash"} if sc or windowed else skip
+                # (SDPA computes no softcap, sliding window or chunked mask)
+                untimed = {"cudnn", "sdpa_flash"} if sc or windowed or chunked else skip
                 for name in untimed:
                     impls.pop(name)
                     res[name] = None
@@ -436,8 +451,8 @@ def main():
                     fa4_win = {"window_size": (args.window, 0)} if windowed else {}
                     impls["fa4"] = lambda: fa4(q, k, v, causal=causal, **fa4_kw, **fa4_win)
                 try:  # (cuDNN may refuse a head_dim_v unlike head_dim)
-                    if sc or windowed:
-                        raise ValueError("SDPA has no softcap and no sliding window")
+                    if sc or windowed or chunked:
+                        raise ValueError("SDPA has no softcap, sliding window or chunked mask")
                     ref = cudnn(qt, kt, vt, causal).transpose(1, 2)
                     res["max_abs_diff_vs_cudnn"] = (ours.float() - ref.float()).abs().max().item()
                 except Exception as err:  # noqa: BLE001
@@ -484,7 +499,9 @@ def main():
             f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
                                                          if args.gqa > 1 else "")
             + (f"; causal rows are sliding windows of {args.window} keys left of the diagonal, none right"
-               if args.window is not None else "") + ("; forward specs with backward: true (LSE written)"
+               if args.window is not None else "")
+            + (f"; causal rows are chunks of {args.chunk} keys for fa4gen, while flash-attn-4 runs plain causal (a "
+               f"clock reference: its ratio columns are not a comparison)" if args.chunk is not None else "") + ("; forward specs with backward: true (LSE written)"
                                                       if args.fwd_lse else ""))
     lines = [note, "", *table(rows, args.bwd, args.deterministic)]
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
