@@ -368,19 +368,28 @@ class ForwardOp:
             RuntimeError,
         )
 
-    def forward_plan(self, arch: str, seqlen_q: int) -> dict:
-        """The forward plan that runs a call with this seqlen_q (the longest sequence, packed): the first
-        whose min_seqlen_q it reaches, else the first with a seqlen_q range holding it, else the arch's default;
-        `pinned` overrides."""
+    def forward_plan(self, arch: str, seqlen_q: int, window=None) -> dict:
+        """The forward plan that runs a call with this seqlen_q (the longest sequence, packed) and `window` (the
+        call's argument; None: the spec's): the first whose min_seqlen_q it reaches (and, for a plan with
+        min_window_keys, whose window is that wide), else the first with a seqlen_q range holding it, else the
+        arch's default; `pinned` overrides."""
         if self._pinned is not None:
             return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
-            if seqlen_q >= plan["min_seqlen_q"]:
+            if seqlen_q >= plan["min_seqlen_q"] and (
+                    not plan.get("min_window_keys") or self._window_keys(plan, window) >= plan["min_window_keys"]):
                 return plan
         for plan in self.range_plans.get(arch, ()):
             if any(first <= seqlen_q <= last for first, last in plan["seqlen_q_ranges"]):
                 return plan
         return self.plans[arch]
+
+    @staticmethod
+    def _window_keys(plan: dict, window) -> float:
+        """Keys a row of this sliding window spans (left + right + 1), inf with an unbounded side; `window` is
+        the call's (checked here, as the launch checks it) or None for the spec's."""
+        left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
+        return math.inf if left < 0 or right < 0 else left + right + 1
 
     def persistent_ctas(self, plan: dict, device: torch.device) -> int:
         """The CTA count a persistent forward launches on `device` (at most; fewer when there are fewer work
@@ -616,7 +625,7 @@ class ForwardOp:
         caller discards the LSE, so the kernel writes it into the device's scratch buffer."""
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
-        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q)
+        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q, window)
         if out is None:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)

@@ -172,7 +172,9 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     if p.tile_m == "auto":
         notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
     if long_kernel:
-        notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead")
+        notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead"
+                     + (f", unless their sliding window spans fewer than {LONG_WINDOW_KEYS} keys per row"
+                        if kind == "sliding_window" and persistent else ""))
     if persistent and not long_kernel:
         notes.append(f"calls with seqlen_q >= {PERSISTENT_MAX_SEQLEN_Q} run fwd_sm90_long instead (one CTA per tile)")
     if every:
@@ -230,6 +232,16 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
 # persistent kernel pinned against the 192-row one): +6.1% / +4.4% at 2048, +1.7% at 2560, -2.4% at 3072, -2.3% at
 # 3584, -5.5% at 4096; the threshold moved from 2048 to 2560 (2560-3071 fall between +1.7% and -2.4%).
 LONG_SEQLEN_Q = 2560
+# ... unless the call's sliding window keeps every row under LONG_WINDOW_KEYS keys (left + right + 1, both sides
+# bounded): then the 128-row persistent forward runs at every seqlen_q. The 192-row tile pays where rows are long
+# (more rows per K/V load); a bounded window caps the keys per row while its edge tiles waste more of a 192-row
+# tile (192 + window keys read for a window's worth per row, against 128 + window). Same-run A/Bs, session 55 (H100,
+# d64, the 128-row persistent kernel pinned against the 192-row one, raw): window 1024 keys (left 1024, right 0)
+# +14.0% at 2560, +0.2% at 3072, +13.6% at 3584, +10.7% at 4096, +11.6% at 8192; window 4096: -1.6% at 4096, -7.7% at
+# 8192, as causal (the 192-row kernel stays). The bound is the mean keys per row of a causal call at LONG_SEQLEN_Q
+# (the causal crossover): windows between 1025 and 4097 keys were not measured. Not for varlen specs, whose 128-row
+# forward is not persistent (not measured).
+LONG_WINDOW_KEYS = LONG_SEQLEN_Q // 2
 
 
 # The persistent forward runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
@@ -285,7 +297,20 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}), allow_persistent=False)
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
             f"sequence when packed), fwd_sm90 (128 rows) below")
-    return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, notes=(*plan.notes, note))
+    window_keys = _window_bound(spec)
+    if window_keys:
+        note += (f", and for calls whose sliding window spans fewer than {window_keys} keys per row (left + right + 1) "
+                 f"fwd_sm90 at every seqlen_q")
+    return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, min_window_keys=window_keys,
+                   notes=(*plan.notes, note))
+
+
+def _window_bound(spec: AttentionSpec) -> int:
+    """The 192-row kernel's LONG_WINDOW_KEYS dispatch bound for a sliding-window spec whose 128-row forward is
+    persistent (0: none; the window is a call argument, so the bound applies to the call's window)."""
+    if spec.mask.kind != "sliding_window" or not plan_forward(spec).scheduler == "persistent":
+        return 0
+    return LONG_WINDOW_KEYS
 
 
 # d <= 64 without a mask runs 192-row tiles, which compute more rows per second than 128-row ones (+14-16% at full tiles,
