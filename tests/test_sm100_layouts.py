@@ -168,6 +168,58 @@ def _check_paired_units():
     assert [int(schedule.paired_tile(i % 2, i // 2, 5, 5, 2, sched)[0]) for i in range(10)] == [4, 0, 3, 1, 2, 2, 4, 0, 3, 1]
 
 
+def _window_cost(m, cut):
+    """A sliding window's query tile m: 1, 2, ..., cut key blocks over the tiles its window cuts, cut + 1 past them."""
+    return min(m, cut) + 1
+
+
+def _check_paired_ramp():
+    for num_m, heads, batch in ((4, 3, 2), (5, 2, 3), (1, 4, 1), (7, 1, 2), (3, 5, 7), (9, 15, 1), (12, 6, 2)):
+        every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
+        tiles = num_m * heads * batch
+        for sms in sorted({1, 3, 7, 16, 33, max(tiles - 1, 1), tiles, tiles + 3}):
+            pairs = int(schedule.pairs_for(num_m, heads, batch, sms))
+            grid = min(int(schedule.paired_units(tiles, pairs)), sms)
+            for cut in range(num_m + 1):
+                # window_ramp's parity rule (the full part even), then window_ramp itself at the matching window
+                ramp = cut + ((num_m - cut) & heads * batch & 1)
+                left = cut * 128 - 5 if 0 < cut < num_m else (-1 if cut == num_m else 0)
+                assert int(schedule.window_ramp(left, 0, num_m * 128, num_m * 128, num_m, heads * batch, 128)) == ramp
+                # an unbounded right side: the order without a ramp
+                assert int(schedule.window_ramp(left, -1, num_m * 128, num_m * 128, num_m, heads * batch, 128)) == num_m
+                seen, loads = [], []
+                for cta in range(grid):
+                    iterations, *sched = (int(x) for x in schedule.paired_schedule(cta, grid, tiles, num_m, heads * batch,
+                                                                                   ramp=ramp))
+                    got = [tuple(int(x) for x in schedule.paired_tile(k, cta, grid, num_m, heads, sched, ramp=ramp))
+                           for k in range(iterations)]
+                    if ramp == num_m:  # the order without a ramp
+                        plain_iterations, *plain = (int(x) for x in schedule.paired_schedule(cta, grid, tiles, num_m,
+                                                                                             heads * batch))
+                        assert got == [tuple(int(x) for x in schedule.paired_tile(k, cta, grid, num_m, heads, plain))
+                                       for k in range(plain_iterations)], (num_m, heads, batch, sms)
+                    # the head's units: two full tiles, or two ramp tiles j and ramp - 1 - j (or two middle ones)
+                    for n in range(sched[0] // 2):
+                        (m0, h0, b0), (m1, h1, b1) = got[2 * n], got[2 * n + 1]
+                        assert (m0 >= ramp) == (m1 >= ramp), (num_m, heads, batch, sms, ramp, got)
+                        if m0 < ramp:
+                            assert m0 + m1 == ramp - 1, (num_m, sms, ramp, got)
+                    assert len(got) - sched[0] <= 4, (num_m, heads, batch, sms, ramp, got)
+                    seen += got
+                    loads.append(sum(_window_cost(m, cut) for m, _, _ in got))
+                assert sorted(seen) == every, (num_m, heads, batch, sms, ramp)
+                # balanced: no CTA above the mean by more than two full tiles (a unit)
+                assert max(loads) <= sum(loads) / grid + 2 * (cut + 1), (num_m, heads, batch, sms, ramp, loads)
+
+
+def test_paired_units_with_a_window_ramp_cover_every_tile_once():
+    """The sliding-window order (paired_schedule / paired_tile with window_ramp's `ramp`: the full tiles first, then the
+    ramp tiles in units of their own): every query tile once whatever the window cuts, head units of two full tiles or
+    two ramp tiles j / ramp - 1 - j, at most four tail tiles, no CTA's window cost above the mean by more than a unit,
+    and ramp = num_m exactly the order without one."""
+    trace_in_kernel(_check_paired_ramp, "sm_90a")
+
+
 def test_paired_units_cover_every_tile_once():
     """fa4gen.device.schedule's paired order (the SM90 masked persistent forward's work order): over every
     CTA's loop every query tile runs once, each CTA runs units of two tiles whose causal cost is num_m + 1

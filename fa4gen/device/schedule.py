@@ -72,9 +72,10 @@ def _below(a, b):
     return ((a - b) >> 31) & 1
 
 
-def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num_hb: Int32):
+def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num_hb: Int32, ramp=None):
     """Per-CTA constants of a masked persistent forward's tile order (computed once, before the tile loop):
-    (iterations, head_iters, tail_z, pre, tail_hb, tail_pairs) for `paired_tile`.
+    (iterations, head_iters, tail_z, pre, tail_hb, tail_pairs) for `paired_tile`; with `ramp`, (iterations,
+    head_iters, tail_z, pre, tail_hb, full_tiles, tail_pairs) (see below).
 
     The order has a head and a tail. The head is every block of 2 x ctas flat positions but the last whole one:
     in block b, CTA c runs the unit at positions 2c and 2c + 1 of the order Z (see `paired_tile`), back to back.
@@ -86,25 +87,61 @@ def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num
     the shortest of the next. Units of equal cost balance the head; the snake spreads the tail, which units
     would leave to one tile or unit per CTA (a tile model over seqlens 512-4096, 16k tokens, 132 SMs: the
     makespan over a perfect balance 1.037 -> 1.009 at d64 and 1.062 -> 1.019 at d128, worst 1.12 -> 1.03;
-    a greedy longest-first tail: 1.007 / 1.015)."""
+    a greedy longest-first tail: 1.007 / 1.015).
+
+    `ramp` (sliding windows, from `window_ramp`, which keeps num_hb x (num_m - ramp) even; None otherwise): the query
+    tiles at the start of every pair whose window the sequence start cuts, so they see fewer key blocks (about 1, 2,
+    ..., ramp) than the rest, which all see the same number. Pairing tile j with num_m - 1 - j then makes units of
+    unequal cost, and a stride over them leaves some
+    CTAs the cheap units of every pair (tools/sim_schedules.py window: 1.18x a perfect balance at s3072 with a
+    1024-key window). With `ramp` the order is Z' = the full tiles first (every pair's num_m - 1 down to ramp, pair
+    after pair: units of two full tiles) and then every pair's ramp tiles in the order Z over `ramp` tiles (units j /
+    ramp - 1 - j, each about one full tile's cost): each part's units cost the same, and the tail goes longest first
+    as above, the rest of the full tiles before the ramp tiles' levels. `ramp` = num_m is the order without it."""
     two = 2 * ctas
     head_blocks = cutlass.max(num_tiles // two - 1, 0)
     head_iters = 2 * head_blocks
     tail_z = head_blocks * two
-    hb0 = tail_z // num_m
-    s0 = tail_z - hb0 * num_m
-    partial = cutlass.min(s0, 1)
-    pre = partial * (num_m - s0)
+    if ramp is None:
+        hb0 = tail_z // num_m
+        s0 = tail_z - hb0 * num_m
+        partial = cutlass.min(s0, 1)
+        pre = partial * (num_m - s0)
+    else:
+        full_tiles = num_hb * (num_m - ramp)  # the first part of Z'
+        z2 = cutlass.max(tail_z - full_tiles, 0)  # where the tail starts in the ramp part (0: inside the full part)
+        hb0 = z2 // cutlass.max(ramp, 1)
+        s0 = z2 - hb0 * ramp
+        partial = cutlass.min(s0, 1)
+        # in Z' order: the full part's rest, or the rest of the ramp pair the head ended inside
+        pre = cutlass.max(full_tiles - tail_z, 0) + partial * (ramp - s0)
     tail_hb = hb0 + partial
     tail = num_tiles - tail_z
     rounds = tail // ctas
     left = tail - rounds * ctas  # tiles of the last, partial round
     lane = _pick(rounds & 1, ctas - 1 - cta, cta)  # this CTA's place in that round
-    return head_iters + rounds + _below(lane, left), head_iters, tail_z, pre, tail_hb, num_hb - tail_hb
+    if ramp is None:
+        return head_iters + rounds + _below(lane, left), head_iters, tail_z, pre, tail_hb, num_hb - tail_hb
+    return head_iters + rounds + _below(lane, left), head_iters, tail_z, pre, tail_hb, full_tiles, num_hb - tail_hb
+
+
+def window_ramp(window_left, window_right, seqlen_q, seqlen_k, num_m, num_hb, tile_m: int):
+    """`ramp` for paired_schedule / paired_tile under a sliding window of `window_left` keys left and `window_right`
+    right of the diagonal (-1: unbounded): the query tiles of a pair whose window the sequence start cuts (row
+    m * tile_m reaches back past key 0, bottom-right aligned: ceil((left - (seqlen_k - seqlen_q)) / tile_m), at most
+    num_m); all num_m (the order without a ramp) when the left side is unbounded (causal) or the right one is (the
+    tiles past the ramp then cost less the later they start, not alike: not modelled). One
+    more where the full part would hold an odd number of tiles (num_hb x (num_m - ramp)): the ramp part then starts
+    on an even position of Z', so its units stay j / ramp - 1 - j (the extra tile is a full one, and with tile 0 it
+    costs what the other ramp units cost). Arithmetic only: the same in the kernel and on Python ints."""
+    unbounded = ((window_left | window_right) >> 31) & 1
+    cut = cutlass.min((cutlass.max(window_left - (seqlen_k - seqlen_q), 0) + (tile_m - 1)) // tile_m, num_m)
+    ramp = unbounded * num_m + (1 - unbounded) * cut
+    return ramp + ((num_m - ramp) & num_hb & 1)
 
 
 def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int32, schedule,
-                m_div=None, heads_div=None, pairs_div=None):
+                m_div=None, heads_div=None, pairs_div=None, ramp=None, full_div=None):
     """(m_block, head, batch) of the work tile CTA `cta` of a masked persistent forward runs in iteration `k` of
     its loop over `paired_schedule(...)[0]` iterations (`schedule`: the rest of that tuple; `ctas`: the grid's
     size, `paired_units` or fewer).
@@ -125,25 +162,45 @@ def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int3
     by the grid size per tile: d64 causal 786 instructions per tile outside the key-block loops against 719
     with this form, its tail included (CPU SASS), and 1-5% slower than session 15's nested loop at d64 (H200). The kernel passes
     the results through `cute.arch.make_warp_uniform` (a few instructions fewer per key block, CPU SASS).
-    Check `tools/sass_loops.py specs/llama3_8b.yaml` after any change here."""
-    head_iters, tail_z, pre, tail_hb, tail_pairs = schedule
+    Check `tools/sass_loops.py specs/llama3_8b.yaml` after any change here.
+
+    `ramp` (and `schedule` from paired_schedule with it): the order Z' of a sliding window (paired_schedule);
+    then `m_div` divides by `ramp` and `full_div` by num_m - ramp (at least 1)."""
+    if ramp is None:
+        head_iters, tail_z, pre, tail_hb, tail_pairs = schedule
+        span = num_m  # every tile is in the Z order
+    else:
+        head_iters, tail_z, pre, tail_hb, full_tiles, tail_pairs = schedule
+        span = ramp
     in_tail = 1 - _below(k, head_iters)
     r = k - head_iters
     rank = r * ctas + _pick(r & 1, ctas - 1 - cta, cta)  # the tail's order, dealt in a snake
     z = _pick(in_tail, tail_z + rank, (k >> 1) * (2 * ctas) + 2 * cta + (k & 1))
-    hb = z // (num_m if m_div is None else m_div)
-    s = z - hb * num_m
-    odd_start = hb & num_m & 1  # this pair's tiles start on an odd position of Z
+    if ramp is not None:
+        # Z': the full tiles first, pair after pair, each pair's num_m - 1 down to ramp; then the ramp tiles
+        in_full = _below(z, full_tiles)
+        full = num_m - ramp
+        hb_full = z // (cutlass.max(full, 1) if full_div is None else full_div)
+        m_full = num_m - 1 - (z - hb_full * full)
+        z = cutlass.max(z - full_tiles, 0)
+    if m_div is None:
+        m_div = span if ramp is None else cutlass.max(span, 1)  # (ramp 0: no ramp part; never picked)
+    hb = z // m_div
+    s = z - hb * span
+    odd_start = hb & span & 1  # this pair's tiles start on an odd position of Z
     s -= odd_start
-    s += (s >> 31) & num_m  # -1 (odd start, position 0) -> num_m - 1: the middle tile first
+    s += (s >> 31) & span  # -1 (odd start, position 0) -> span - 1: the middle tile first
     half, odd = s >> 1, s & 1
-    m_block = num_m - 1 - half - odd * (num_m - 1 - 2 * half)  # s even: num_m - 1 - s / 2; odd: s // 2
+    m_block = span - 1 - half - odd * (span - 1 - 2 * half)  # s even: span - 1 - s / 2; odd: s // 2
+    if ramp is not None:
+        hb = _pick(in_full, hb_full, hb)
+        m_block = _pick(in_full, m_full, m_block)
     # the tail past its partial pair: by level (longest first), the pairs in order inside a level
     by_level = in_tail * (1 - _below(rank, pre))
     j = cutlass.max(rank - pre, 0)
     level = j // (cutlass.max(tail_pairs, 1) if pairs_div is None else pairs_div)
     hb = _pick(by_level, tail_hb + j - level * tail_pairs, hb)
-    m_block = _pick(by_level, num_m - 1 - level, m_block)
+    m_block = _pick(by_level, span - 1 - level, m_block)
     batch = hb // (num_heads if heads_div is None else heads_div)
     return m_block, hb - batch * num_heads, batch
 
