@@ -192,7 +192,8 @@ def test_persistent_forward_strides_over_many_tiles(name):
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
     query rows on run the one-CTA-per-tile twin (fwd_sm90_long; masked d64 specs: their 192-row kernel from
-    LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j); seqlen_k below
+    LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j; chunked calls whose
+    chunks hold whole tiles and end in a partial one split each pair's tiles, schedule.chunk_ramp); seqlen_k below
     seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
 
@@ -209,10 +210,17 @@ def test_persistent_forward_strides_over_many_tiles(name):
     # run-time windows / chunks, one per shape (the kernel's arguments: no recompile)
     calls = {"sliding_window": [dict(window=w) for w in ((37, 5), (0, 0), (300, -1), (-1, 20))],
              "chunked": [dict(chunk_size=c) for c in (96, 64, 200)]}.get(kind, [{}])
+    calls = [calls[i % len(calls)] for i in range(len(shapes))]
+    if kind == "chunked":
+        # chunks of whole query tiles with a partial last chunk: the persistent order splits each pair's tiles
+        # (schedule.chunk_ramp; the calls above have chunks off the tiles, which keep the order without a split)
+        split = [((4, 1000, 1000, 16, 4), 384), ((3, 2048, 3584, 12, 12), 1536)]
+        shapes += [shape for shape, _ in split]
+        calls += [dict(chunk_size=c) for _, c in split]
     for i, (b, s_q, s_k, h, h_kv) in enumerate(shapes):
         if not spec["allow_gqa"]:
             h_kv = h
-        kwargs = calls[i % len(calls)]
+        kwargs = calls[i]
         plan = op.forward_plan("sm90", s_q)
         want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", long_plan["scheduler"])
         assert (plan["module"], plan["scheduler"]) == want, (s_q, plan["module"], plan["scheduler"])
@@ -220,6 +228,11 @@ def test_persistent_forward_strides_over_many_tiles(name):
             num_m = -(-s_q // plan["tile_m"])
             work = (num_m + 1) // 2 * h * b if masked else num_m * h * b  # units of two tiles / tiles
             assert work > PERSISTENT_CTAS, (s_q, work)  # (masked: more tiles than CTAs, so paired)
+            if kind == "chunked" and i >= len(shapes) - 2:  # the split calls do split
+                from fa4gen.device import schedule
+
+                ramp = schedule.chunk_ramp(kwargs["chunk_size"], s_q, s_k, num_m, h * b, plan["tile_m"])
+                assert 0 < ramp < num_m, (s_q, s_k, kwargs, ramp)
         q = torch.randn(b, s_q, h, d, device="cuda", dtype=dtype, generator=gen)
         k = torch.randn(b, s_k, h_kv, d, device="cuda", dtype=dtype, generator=gen)
         v = torch.randn(b, s_k, h_kv, dv, device="cuda", dtype=dtype, generator=gen)

@@ -234,9 +234,12 @@ def test_variant_text_matches_features(mask, softcap, ping_pong, share, return_l
     assert plan.scheduler == "persistent" and "num_ctas: Int32" in kernel and "PERSISTENT_CTAS" not in kernel
     assert "num_ctas" not in pkg.files["fwd_sm90_long.py"]
     assert ("schedule.paired_tile(" in kernel) == (mask != "none")
-    # a sliding window orders the tiles its start cuts apart from the rest (schedule.window_ramp), in every role
-    assert kernel.count("ramp=ramp, full_div=full_div") == (2 if mask == "window" else 0)
+    # a sliding window orders the tiles its start cuts apart from the rest (schedule.window_ramp), a chunked mask the
+    # last, partial chunk's (schedule.chunk_ramp, the ramp at a pair's end), in every role
+    assert kernel.count("ramp=ramp, full_div=full_div") == (2 if mask in ("window", "chunked") else 0)
+    assert kernel.count("ramp_high=True") == (2 if mask == "chunked" else 0)
     assert ("schedule.window_ramp(window_left" in kernel) == (mask == "window")
+    assert ("schedule.chunk_ramp(chunk" in kernel) == (mask == "chunked")
     assert [p.module for p in long] == ["fwd_sm90_long"] and "fwd_sm90_long.py" in pkg.files
     for text in (kernel, api):
         ast.parse(text)

@@ -212,6 +212,62 @@ def _check_paired_ramp():
                 assert max(loads) <= sum(loads) / grid + 2 * (cut + 1), (num_m, heads, batch, sms, ramp, loads)
 
 
+def _chunk_cost(m, per):
+    """A chunked mask's query tile m, `per` tiles a chunk: (m mod per) + 1 key blocks."""
+    return m % per + 1
+
+
+def _check_paired_chunk_ramp():
+    for num_m, heads, batch in ((4, 3, 2), (5, 2, 3), (7, 1, 2), (3, 5, 7), (9, 15, 1), (12, 6, 2), (11, 3, 1)):
+        every = sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
+        tiles = num_m * heads * batch
+        for per in range(1, num_m + 2):
+            whole = num_m // per * per
+            split = 0 < whole < num_m and not (whole & heads * batch & 1)
+            ramp = num_m - whole if split else num_m
+            assert int(schedule.chunk_ramp(per * 128, num_m * 128, num_m * 128, num_m, heads * batch, 128)) == ramp
+            # a chunk that is not a multiple of the tile, or chunk boundaries off the query tiles': no ramp
+            assert int(schedule.chunk_ramp(per * 128 + 64, num_m * 128, num_m * 128, num_m, heads * batch, 128)) == num_m
+            assert int(schedule.chunk_ramp(per * 128, num_m * 128, num_m * 128 + 128, num_m, heads * batch,
+                                           128)) == (num_m if per > 1 else ramp)
+            assert int(schedule.chunk_ramp(per * 128, num_m * 128, num_m * 128 - 128, num_m, heads * batch, 128)) == num_m
+            # whole chunks of keys ahead of the queries keep the split (decode-style shift by a chunk multiple)
+            assert int(schedule.chunk_ramp(per * 128, num_m * 128, num_m * 128 + 2 * per * 128, num_m, heads * batch,
+                                           128)) == ramp
+            for sms in sorted({1, 3, 7, 16, 33, max(tiles - 1, 1), tiles, tiles + 3}):
+                pairs = int(schedule.pairs_for(num_m, heads, batch, sms))
+                grid = min(int(schedule.paired_units(tiles, pairs)), sms)
+                seen, loads = [], []
+                for cta in range(grid):
+                    iterations, *sched = (int(x) for x in schedule.paired_schedule(cta, grid, tiles, num_m, heads * batch,
+                                                                                   ramp=ramp))
+                    got = [tuple(int(x) for x in schedule.paired_tile(k, cta, grid, num_m, heads, sched, ramp=ramp,
+                                                                       ramp_high=True))
+                           for k in range(iterations)]
+                    # the head's units: two tiles of whole chunks j / whole - 1 - j, or two of the partial chunk
+                    for n in range(sched[0] // 2):
+                        (m0, h0, b0), (m1, h1, b1) = got[2 * n], got[2 * n + 1]
+                        low = num_m - ramp
+                        assert (m0 >= low) == (m1 >= low), (num_m, heads, batch, sms, ramp, got)
+                        if split:
+                            assert _chunk_cost(m0, per) + _chunk_cost(m1, per) == (
+                                ramp + 1 if m0 >= low else per + 1), (num_m, per, sms, got)
+                    assert len(got) - sched[0] <= 4, (num_m, heads, batch, sms, ramp, got)
+                    seen += got
+                    loads.append(sum(_chunk_cost(m, per) for m, _, _ in got))
+                assert sorted(seen) == every, (num_m, heads, batch, sms, per)
+                if split:  # balanced: no CTA above the mean by more than a unit of whole-chunk tiles
+                    assert max(loads) <= sum(loads) / grid + per + 1, (num_m, heads, batch, sms, per, loads)
+
+
+def test_paired_units_with_a_chunk_ramp_cover_every_tile_once():
+    """The chunked order (paired_schedule / paired_tile with chunk_ramp's `ramp` and ramp_high: every pair's whole
+    chunks first in the order Z over them, then its last, partial chunk in units of its own): every query tile once,
+    head units costing per + 1 (whole chunks) or ramp + 1 (the partial one) key blocks, no CTA above the mean by more
+    than a unit; chunk_ramp gives no ramp where the chunk boundaries are off the tiles'."""
+    trace_in_kernel(_check_paired_chunk_ramp, "sm_90a")
+
+
 def test_paired_units_with_a_window_ramp_cover_every_tile_once():
     """The sliding-window order (paired_schedule / paired_tile with window_ramp's `ramp`: the full tiles first, then the
     ramp tiles in units of their own): every query tile once whatever the window cuts, head units of two full tiles or

@@ -43,7 +43,9 @@ same unit position in every pair (132 CTAs, s3072: 12 units, 11 per stride). Pri
 perfect balance (session 55: the model's makespans times the H100's TFLOP/s of the window-1024 cells, s2560-8192, agree
 within 1.6%, where the TFLOP/s spread 14%), for that order and for the ramp order (schedule.window_ramp: the tiles whose
 window the sequence start cuts in units of their own, after the full tiles); then chunked masks of 512-2048 keys,
-whose tiles ramp up again in every chunk (the units balance them only when a chunk's tiles divide the pair's).
+whose tiles ramp up again in every chunk (the units balance them only when a chunk's tiles divide the pair's), for
+that order and for the chunks' ramp order (schedule.chunk_ramp: the last, partial chunk's tiles in units of their own,
+after the whole chunks').
 
 Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups` or `... window`
 (docs/STATUS.md, sessions 11, 14, 39 and 55, quote their output).
@@ -269,7 +271,7 @@ def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128, chunk=
     at 16k tokens (batch 16384 // seqlen, at least 1), with the kernel's CTA count (paired units, at most `sms`), and
     the set of (m_block, head, batch) it ran (each tile once). `chunk`: a chunked mask of that many keys instead of
     the window (`left` unused). `ramp_order`: the order Z' with the window's ramp (fa4gen.device.schedule.window_ramp,
-    as the SM90 forward computes it), else the units j / num_m - 1 - j."""
+    as the SM90 forward computes it) or the chunks' (schedule.chunk_ramp), else the units j / num_m - 1 - j."""
     from fa4gen.device import schedule
 
     batch = max(16384 // seqlen, 1)
@@ -277,14 +279,17 @@ def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128, chunk=
     tiles = num_m * heads * batch
     pairs = min(tiles // (sms + 1), 1)  # schedule.pairs_for, in plain integers
     ctas = min(sms, (tiles + pairs) >> pairs)  # schedule.paired_units
-    ramp = (schedule.window_ramp(-1 if left is None else left, 0, seqlen, seqlen, num_m, heads * batch, tile)
-            if ramp_order else None)
+    ramp = None
+    if ramp_order and chunk is None:
+        ramp = schedule.window_ramp(-1 if left is None else left, 0, seqlen, seqlen, num_m, heads * batch, tile)
+    elif ramp_order:
+        ramp = schedule.chunk_ramp(chunk, seqlen, seqlen, num_m, heads * batch, tile)
     loads, ran = [], []
     for cta in range(ctas):
         iterations, *sched = schedule.paired_schedule(cta, ctas, tiles, num_m, heads * batch, ramp=ramp)
         work = 0.0
         for k in range(iterations):
-            tile_coords = schedule.paired_tile(k, cta, ctas, num_m, heads, sched, ramp=ramp)
+            tile_coords = schedule.paired_tile(k, cta, ctas, num_m, heads, sched, ramp=ramp, ramp_high=chunk is not None)
             ran.append(tile_coords)
             blocks = (window_blocks(tile_coords[0], seqlen, left, tile) if chunk is None
                       else chunk_blocks(tile_coords[0], seqlen, chunk, tile))
@@ -346,17 +351,19 @@ def main(argv=None) -> int:
                       f"{'ramp order' if ramp_order else 'units j / num_m - 1 - j'}: makespan over a perfect balance mean "
                       f"{statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
                       + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
-        # chunked masks: each chunk's tiles ramp up again, which the units balance only when the chunk's tiles divide
-        # the pair's (session 55: not changed, noted)
+        # chunked masks: each chunk's tiles ramp up again, which the units j / num_m - 1 - j balance only when the
+        # chunk's tiles divide the pair's; the ramp order (schedule.chunk_ramp) puts the partial chunk's tiles apart
         for chunk in (512, 1024, 2048):
-            cells = []
-            for seqlen in range(chunk + 512, 4097, 512):
-                loads, _ = window_loads(seqlen, None, sms=args.sms, chunk=chunk)
-                cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
-            worst = max(cells, key=lambda c: c[1])
-            print(f"masked persistent d64, chunks of {chunk}, {args.sms} SMs: makespan over a perfect balance mean "
-                  f"{statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
-                  + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
+            for ramp_order in (False, True):
+                cells = []
+                for seqlen in range(chunk + 512, 4097, 512):
+                    loads, _ = window_loads(seqlen, None, sms=args.sms, chunk=chunk, ramp_order=ramp_order)
+                    cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
+                worst = max(cells, key=lambda c: c[1])
+                print(f"masked persistent d64, chunks of {chunk}, {args.sms} SMs, "
+                      f"{'ramp order' if ramp_order else 'units j / num_m - 1 - j'}: makespan over a perfect balance "
+                      f"mean {statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
+                      + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
     elif args.which == "groups":
         for name, tile_m, tile_n in (("d64", 128, 128), ("d128", 64, 128), ("(192, 128)", 64, 96), ("d256", 64, 64)):
             for seqlen in (512, 1024, 2048, 4096, 8192, 16384):

@@ -89,15 +89,17 @@ def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num
     makespan over a perfect balance 1.037 -> 1.009 at d64 and 1.062 -> 1.019 at d128, worst 1.12 -> 1.03;
     a greedy longest-first tail: 1.007 / 1.015).
 
-    `ramp` (sliding windows, from `window_ramp`, which keeps num_hb x (num_m - ramp) even; None otherwise): the query
-    tiles at the start of every pair whose window the sequence start cuts, so they see fewer key blocks (about 1, 2,
-    ..., ramp) than the rest, which all see the same number. Pairing tile j with num_m - 1 - j then makes units of
-    unequal cost, and a stride over them leaves some
-    CTAs the cheap units of every pair (tools/sim_schedules.py window: 1.18x a perfect balance at s3072 with a
-    1024-key window). With `ramp` the order is Z' = the full tiles first (every pair's num_m - 1 down to ramp, pair
-    after pair: units of two full tiles) and then every pair's ramp tiles in the order Z over `ramp` tiles (units j /
-    ramp - 1 - j, each about one full tile's cost): each part's units cost the same, and the tail goes longest first
-    as above, the rest of the full tiles before the ramp tiles' levels. `ramp` = num_m is the order without it."""
+    `ramp` (sliding windows, from `window_ramp`, which keeps num_hb x (num_m - ramp) even, as `chunk_ramp` does; None
+    otherwise): the query tiles at the start of every pair whose window the sequence start cuts, so they see fewer key
+    blocks (about 1, 2, ..., ramp) than the rest, which all see the same number. Pairing tile j with num_m - 1 - j
+    then makes units of unequal cost, and a stride over them leaves some CTAs the cheap units of every pair
+    (tools/sim_schedules.py window: 1.18x a perfect balance at s3072 with a
+    1024-key window). With `ramp` the order is Z' = the full tiles first (pair after pair, in the order Z over each
+    pair's num_m - ramp of them: units of two full tiles) and then every pair's ramp tiles in the order Z over `ramp`
+    tiles (units j / ramp - 1 - j, each about one full tile's cost): each part's units cost the same, and the tail goes
+    longest first as above, the rest of the full tiles before the ramp tiles' levels. `ramp` = num_m is the order
+    without it. A chunked mask (`chunk_ramp`, paired_tile's `ramp_high`) uses the same split with the ramp at a pair's
+    end: its whole chunks are the first part, the last, partial chunk the ramp."""
     two = 2 * ctas
     head_blocks = cutlass.max(num_tiles // two - 1, 0)
     head_iters = 2 * head_blocks
@@ -125,6 +127,15 @@ def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num
     return head_iters + rounds + _below(lane, left), head_iters, tail_z, pre, tail_hb, full_tiles, num_hb - tail_hb
 
 
+def _z_position(s, hb, span):
+    """The query tile at position s of pair hb's stretch of the order Z over `span` tiles: span - 1, 0, span - 2, 1,
+    ...; a pair that starts on an odd position of Z (odd span and odd hb) puts its middle tile first."""
+    s -= hb & span & 1
+    s += (s >> 31) & span  # -1 (odd start, position 0) -> span - 1: the middle tile first
+    half, odd = s >> 1, s & 1
+    return span - 1 - half - odd * (span - 1 - 2 * half)  # s even: span - 1 - s / 2; odd: s // 2
+
+
 def window_ramp(window_left, window_right, seqlen_q, seqlen_k, num_m, num_hb, tile_m: int):
     """`ramp` for paired_schedule / paired_tile under a sliding window of `window_left` keys left and `window_right`
     right of the diagonal (-1: unbounded): the query tiles of a pair whose window the sequence start cuts (row
@@ -140,8 +151,32 @@ def window_ramp(window_left, window_right, seqlen_q, seqlen_k, num_m, num_hb, ti
     return ramp + ((num_m - ramp) & num_hb & 1)
 
 
+def chunk_ramp(chunk, seqlen_q, seqlen_k, num_m, num_hb, tile_m: int):
+    """`ramp` for paired_schedule / paired_tile (with `ramp_high`) under a chunked mask of `chunk` keys: the query
+    tiles of a pair's last, partial chunk. Tile m sees (m mod c) + 1 key blocks (c = chunk / tile_m tiles a chunk), so
+    Z's units j / num_m - 1 - j cost alike only when num_m is a multiple of c; otherwise (a chunk of 2048 keys at
+    s3072: tiles 0-15 see 1-16 blocks, 16-23 see 1-8) units cost 9 to 25 blocks and a stride over them leaves some
+    CTAs the dear ones (tools/sim_schedules.py window: 1.66x a perfect balance). The order Z' then runs every pair's
+    whole chunks first (Z over their w tiles: units cost c + 1) and the partial chunks' ramp = num_m - w tiles after
+    them (Z over those: units cost ramp + 1). num_m (the order without a ramp) where that does not hold: a chunk not
+    a multiple of tile_m, chunk boundaries off the query tiles' (seqlen_k - seqlen_q not a multiple of the chunk, or
+    negative), no whole chunk or no partial one, or an odd number of whole-chunk tiles over all pairs (num_hb x w,
+    with c odd: the ramp part would start on an odd position of Z'). Arithmetic only: the same in the kernel and on
+    Python ints."""
+    shift = seqlen_k - seqlen_q
+    per = chunk // tile_m
+    safe_chunk = cutlass.max(chunk, 1)
+    safe_per = cutlass.max(per, 1)
+    whole = num_m // safe_per * per  # w: the tiles of whole chunks
+    rest = num_m - whole
+    aligned = (1 - cutlass.min(chunk - per * tile_m, 1)) * (1 - ((shift >> 31) & 1)) * \
+        (1 - cutlass.min(shift - shift // safe_chunk * chunk, 1))
+    split = aligned * cutlass.min(whole, 1) * cutlass.min(rest, 1) * (1 - (whole & num_hb & 1))
+    return _pick(split, rest, num_m)
+
+
 def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int32, schedule,
-                m_div=None, heads_div=None, pairs_div=None, ramp=None, full_div=None):
+                m_div=None, heads_div=None, pairs_div=None, ramp=None, full_div=None, ramp_high=False):
     """(m_block, head, batch) of the work tile CTA `cta` of a masked persistent forward runs in iteration `k` of
     its loop over `paired_schedule(...)[0]` iterations (`schedule`: the rest of that tuple; `ctas`: the grid's
     size, `paired_units` or fewer).
@@ -164,8 +199,10 @@ def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int3
     the results through `cute.arch.make_warp_uniform` (a few instructions fewer per key block, CPU SASS).
     Check `tools/sass_loops.py specs/llama3_8b.yaml` after any change here.
 
-    `ramp` (and `schedule` from paired_schedule with it): the order Z' of a sliding window (paired_schedule);
-    then `m_div` divides by `ramp` and `full_div` by num_m - ramp (at least 1)."""
+    `ramp` (and `schedule` from paired_schedule with it): the order Z' (paired_schedule): every pair's num_m - ramp
+    full tiles in the order Z over them, then every pair's ramp tiles in the order Z over those; `m_div` divides by
+    `ramp` and `full_div` by num_m - ramp (at least 1). The ramp tiles are a pair's first ones (a sliding window,
+    `window_ramp`), or with `ramp_high` (a compile-time choice) its last ones (a chunked mask, `chunk_ramp`)."""
     if ramp is None:
         head_iters, tail_z, pre, tail_hb, tail_pairs = schedule
         span = num_m  # every tile is in the Z order
@@ -176,22 +213,22 @@ def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int3
     r = k - head_iters
     rank = r * ctas + _pick(r & 1, ctas - 1 - cta, cta)  # the tail's order, dealt in a snake
     z = _pick(in_tail, tail_z + rank, (k >> 1) * (2 * ctas) + 2 * cta + (k & 1))
+    ramp_base = 0  # the first ramp tile of a pair
     if ramp is not None:
-        # Z': the full tiles first, pair after pair, each pair's num_m - 1 down to ramp; then the ramp tiles
+        # Z': the full tiles first, pair after pair, in the order Z over the num_m - ramp of them; then the ramp tiles
         in_full = _below(z, full_tiles)
         full = num_m - ramp
         hb_full = z // (cutlass.max(full, 1) if full_div is None else full_div)
-        m_full = num_m - 1 - (z - hb_full * full)
+        m_full = _z_position(z - hb_full * full, hb_full, full)
+        if ramp_high:
+            ramp_base = full
+        else:
+            m_full += ramp
         z = cutlass.max(z - full_tiles, 0)
     if m_div is None:
         m_div = span if ramp is None else cutlass.max(span, 1)  # (ramp 0: no ramp part; never picked)
     hb = z // m_div
-    s = z - hb * span
-    odd_start = hb & span & 1  # this pair's tiles start on an odd position of Z
-    s -= odd_start
-    s += (s >> 31) & span  # -1 (odd start, position 0) -> span - 1: the middle tile first
-    half, odd = s >> 1, s & 1
-    m_block = span - 1 - half - odd * (span - 1 - 2 * half)  # s even: span - 1 - s / 2; odd: s // 2
+    m_block = _z_position(z - hb * span, hb, span) + ramp_base
     if ramp is not None:
         hb = _pick(in_full, hb_full, hb)
         m_block = _pick(in_full, m_full, m_block)
@@ -200,7 +237,7 @@ def paired_tile(k: Int32, cta: Int32, ctas: Int32, num_m: Int32, num_heads: Int3
     j = cutlass.max(rank - pre, 0)
     level = j // (cutlass.max(tail_pairs, 1) if pairs_div is None else pairs_div)
     hb = _pick(by_level, tail_hb + j - level * tail_pairs, hb)
-    m_block = _pick(by_level, span - 1 - level, m_block)
+    m_block = _pick(by_level, ramp_base + span - 1 - level, m_block)
     batch = hb // (num_heads if heads_div is None else heads_div)
     return m_block, hb - batch * num_heads, batch
 
