@@ -282,10 +282,35 @@ def test_short_sliding_window_keeps_the_128_row_forward(cache_dir):
     with pytest.raises(ValueError, match=r"^window: expected \(left, right\)"):
         pick(LONG_SEQLEN_Q, (1.5, 0))
     # a causal spec's 192-row plan has no window bound
-    assert fa4gen.build(dict(VALID))._forward.long_plans["sm90"][0]["min_window_keys"] == 0
+    causal = dict(VALID, name="causal_probe", mask={"kind": "causal"})
+    assert fa4gen.build(causal)._forward.long_plans["sm90"][0]["min_window_keys"] == 0
     packed = fa4gen.build(dict(spec, name="window_probe_packed", varlen=True))._forward
     assert packed.long_plans["sm90"][0]["min_window_keys"] == 0
     assert packed.forward_plan("sm90", LONG_SEQLEN_Q, (16, 0))["module"] == "fwd_sm90_long"
+
+
+def test_short_chunks_keep_the_128_row_forward(cache_dir):
+    """The same rule for a chunked d64 spec: chunks shorter than LONG_CHUNK_KEYS (the causal crossover LONG_SEQLEN_Q:
+    a chunked call is causal attention over one chunk at a time) keep the 128-row persistent forward at every
+    seqlen_q; the call's chunk_size decides, the spec's when it passes none, and a bad one is refused by name."""
+    from fa4gen.plan.sm90 import LONG_CHUNK_KEYS, LONG_SEQLEN_Q
+
+    op = fa4gen.build(dict(VALID, name="chunk_probe", mask={"kind": "chunked", "chunk_size": 1024}))._forward
+    pick = lambda s, c=None: op.forward_plan("sm90", s, chunk_size=c)["module"]  # noqa: E731
+    (long,) = op.long_plans["sm90"]
+    assert long["min_window_keys"] == LONG_CHUNK_KEYS == LONG_SEQLEN_Q
+    assert "chunks are shorter than 2560 keys" in long["notes"][-1]
+    assert [pick(s) for s in (1, LONG_SEQLEN_Q, 10**6)] == ["fwd_sm90"] * 3  # the spec's chunk: 1024 keys
+    assert pick(LONG_SEQLEN_Q, LONG_CHUNK_KEYS) == "fwd_sm90_long"
+    assert pick(LONG_SEQLEN_Q, LONG_CHUNK_KEYS - 1) == "fwd_sm90"
+    assert pick(LONG_SEQLEN_Q - 1, 8192) == "fwd_sm90"  # below LONG_SEQLEN_Q: the seqlen_q rule first
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=r"^chunk_size: expected an int in \[1, 2\*\*31\)"):
+            pick(LONG_SEQLEN_Q, bad)
+    # (the golden table names the rule)
+    from fa4gen.golden.checks import check_name
+
+    assert check_name(long, "fwd") == f"seqlen_q>={LONG_SEQLEN_Q} chunk>={LONG_CHUNK_KEYS}keys fwd"
 
 
 def test_build_out_dir(tmp_path, cache_dir):

@@ -322,30 +322,38 @@ def test_long_calls_run_the_192_row_kernel(name, dtype):
     192-row one (fwd_sm90_long), shorter ones the 128-row one; both against the reference, with seqlen_k on
     both sides of seqlen_q (bottom-right aligned masks), GQA 4:1. A sliding window of fewer than
     LONG_WINDOW_KEYS keys per row (the window spec's own, 341) runs the 128-row persistent forward at every
-    length: long calls with it, and with a wider run-time window on the 192-row kernel."""
-    from fa4gen.plan.sm90 import LONG_SEQLEN_Q, LONG_WINDOW_KEYS
+    length: long calls with it, and with a wider run-time window on the 192-row kernel; so do chunks shorter than
+    LONG_CHUNK_KEYS (the chunked spec's own, 96)."""
+    from fa4gen.plan.sm90 import LONG_CHUNK_KEYS, LONG_SEQLEN_Q, LONG_WINDOW_KEYS
 
     pkg = _package(name)
     op = pkg._forward
     lock = json.loads((Path(pkg.__file__).parent / "spec.lock.json").read_text())
     softcap = lock["spec"]["softcap"]
     windowed = lock["spec"]["mask"]["kind"] == "sliding_window"
+    chunked = lock["spec"]["mask"]["kind"] == "chunked"
     wide = (LONG_WINDOW_KEYS + 200, 40) if windowed else None  # the 192-row kernel's calls
+    wide_chunk = LONG_CHUNK_KEYS + 128 if chunked else None
     gen = torch.Generator(device="cuda").manual_seed(7)
     cases = [(LONG_SEQLEN_Q, LONG_SEQLEN_Q, "fwd_sm90_long", wide), (LONG_SEQLEN_Q + 77, 2500, "fwd_sm90_long", wide),
              (LONG_SEQLEN_Q + 300, LONG_SEQLEN_Q - 5, "fwd_sm90_long", wide), (LONG_SEQLEN_Q - 1, 3000, "fwd_sm90", wide)]
     if windowed:  # the spec's window (300, 40): 341 keys per row
         cases += [(LONG_SEQLEN_Q + 77, 2500, "fwd_sm90", None), (3 * LONG_SEQLEN_Q + 5, 3 * LONG_SEQLEN_Q, "fwd_sm90", None),
                   (2 * LONG_SEQLEN_Q, 2 * LONG_SEQLEN_Q + 9, "fwd_sm90", (LONG_WINDOW_KEYS - 2, 0))]
-    for s_q, s_k, module, window in cases:
+    chunks = [wide_chunk] * len(cases)
+    if chunked:  # the spec's chunk (96 keys), and a run-time one just below the bound, on the 128-row forward
+        cases += [(LONG_SEQLEN_Q + 77, 2500, "fwd_sm90", None), (3 * LONG_SEQLEN_Q + 5, 3 * LONG_SEQLEN_Q, "fwd_sm90", None)]
+        chunks += [None, LONG_CHUNK_KEYS - 512]
+    for (s_q, s_k, module, window), chunk in zip(cases, chunks):
         q = torch.randn(1, s_q, 8, 64, device="cuda", dtype=dtype, generator=gen)
         k = torch.randn(1, s_k, 2, 64, device="cuda", dtype=dtype, generator=gen)
         v = torch.randn(1, s_k, 2, 64, device="cuda", dtype=dtype, generator=gen)
         out = torch.full_like(q, float("nan"))
-        assert op.forward_plan("sm90", s_q, window)["module"] == module
+        assert op.forward_plan("sm90", s_q, window, chunk)["module"] == module
         with _recording_launches(op) as launched:
-            pkg.attention(q, k, v, out=out, **({"window": window} if window is not None else {}))
+            pkg.attention(q, k, v, out=out, **({"window": window} if window is not None else {}),
+                          **({"chunk_size": chunk} if chunk is not None else {}))
         torch.cuda.synchronize()
         assert launched == [module], launched
-        _assert_matches(q, k, v, out, None, softcap, _semantics(lock, window, None),
-                        f"{name} {module} s_q={s_q} s_k={s_k} window={window}")
+        _assert_matches(q, k, v, out, None, softcap, _semantics(lock, window, chunk),
+                        f"{name} {module} s_q={s_q} s_k={s_k} window={window} chunk={chunk}")

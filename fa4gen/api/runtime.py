@@ -368,16 +368,17 @@ class ForwardOp:
             RuntimeError,
         )
 
-    def forward_plan(self, arch: str, seqlen_q: int, window=None) -> dict:
-        """The forward plan that runs a call with this seqlen_q (the longest sequence, packed) and `window` (the
-        call's argument; None: the spec's): the first whose min_seqlen_q it reaches (and, for a plan with
-        min_window_keys, whose window is that wide), else the first with a seqlen_q range holding it, else the
-        arch's default; `pinned` overrides."""
+    def forward_plan(self, arch: str, seqlen_q: int, window=None, chunk_size=None) -> dict:
+        """The forward plan that runs a call with this seqlen_q (the longest sequence, packed), `window` and
+        `chunk_size` (the call's arguments; None: the spec's): the first whose min_seqlen_q it reaches (and, for a
+        plan with min_window_keys, whose window or chunk is that wide), else the first with a seqlen_q range holding
+        it, else the arch's default; `pinned` overrides."""
         if self._pinned is not None:
             return self._fwd_modules[self._pinned]
         for plan in self.long_plans.get(arch, ()):
             if seqlen_q >= plan["min_seqlen_q"] and (
-                    not plan.get("min_window_keys") or self._window_keys(plan, window) >= plan["min_window_keys"]):
+                    not plan.get("min_window_keys")
+                    or self._window_keys(plan, window, chunk_size) >= plan["min_window_keys"]):
                 return plan
         for plan in self.range_plans.get(arch, ()):
             if any(first <= seqlen_q <= last for first, last in plan["seqlen_q_ranges"]):
@@ -385,9 +386,12 @@ class ForwardOp:
         return self.plans[arch]
 
     @staticmethod
-    def _window_keys(plan: dict, window) -> float:
-        """Keys a row of this sliding window spans (left + right + 1), inf with an unbounded side; `window` is
-        the call's (checked here, as the launch checks it) or None for the spec's."""
+    def _window_keys(plan: dict, window, chunk_size=None) -> float:
+        """Keys a row of this sliding window spans (left + right + 1), inf with an unbounded side, or of this
+        chunked mask (the chunk size); `window` / `chunk_size` are the call's (checked here, as the launch checks
+        them) or None for the spec's."""
+        if plan["chunked"]:
+            return _chunk(plan, chunk_size)
         left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
         return math.inf if left < 0 or right < 0 else left + right + 1
 
@@ -625,7 +629,8 @@ class ForwardOp:
         caller discards the LSE, so the kernel writes it into the device's scratch buffer."""
         seq_dim = 0 if packed is not None else 1
         s_q, s_k, h = q.shape[seq_dim], k.shape[seq_dim], q.shape[-2]
-        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q, window)
+        plan = self.forward_plan(self.arch_for(q.device), packed.max_seqlen_q if packed is not None else s_q, window,
+                                 chunk_size)
         if out is None:
             out = torch.empty((*q.shape[:-1], plan["head_dim_v"]), dtype=getattr(torch, plan["torch_dtype"]),
                               device=q.device)
@@ -964,9 +969,7 @@ class ForwardOp:
         elif window is not None:
             _fail(f"window: this spec's mask is {plan['mask_kind']!r}; window applies to sliding_window specs only")
         if plan["chunked"]:
-            chunk = plan["chunk_size"] if chunk_size is None else chunk_size
-            if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk < 2**31:
-                _fail(f"chunk_size: expected an int in [1, 2**31), got {chunk!r}")
+            chunk = _chunk(plan, chunk_size)
             if seqlens is not None:
                 # positions never reach seqlen_k, so a chunk at least that long is the same mask; clamped, the
                 # kernels' chunk arithmetic (next chunk start = key + chunk) stays inside Int32
@@ -991,6 +994,14 @@ def clamp_window(left: int, right: int, seqlen_q: int, seqlen_k: int) -> tuple[i
     kernel adds window sides to positions in Int32, so they are clamped there before the launch."""
     widest = max(seqlen_q, seqlen_k)
     return tuple(w if w < 0 else min(w, widest) for w in (left, right))
+
+
+def _chunk(plan: dict, chunk_size) -> int:
+    """The call's chunk size (the spec's when None), checked."""
+    chunk = plan["chunk_size"] if chunk_size is None else chunk_size
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk < 2**31:
+        _fail(f"chunk_size: expected an int in [1, 2**31), got {chunk!r}")
+    return chunk
 
 
 def _window(window) -> tuple[int, int]:

@@ -90,7 +90,7 @@ class Case:
 def check_name(plan: dict, check: str) -> str:
     """A check's name in the table: as is for a forward kernel, after the direction otherwise, after
     the dispatch rule for a kernel that runs only from some seqlen_q on (KernelPlan.min_seqlen_q; with
-    KernelPlan.min_window_keys, only for windows that wide), only for
+    KernelPlan.min_window_keys, only for windows or chunks that wide), only for
     some seqlen_q ranges (KernelPlan.seqlen_q_ranges) or only for MHA calls ("mha": KernelPlan.mha_only)."""
     words = [] if plan["direction"] == "fwd" else [plan["direction"]]
     if plan.get("mha_only"):
@@ -98,7 +98,7 @@ def check_name(plan: dict, check: str) -> str:
     if plan.get("min_seqlen_q"):
         words.append(f"seqlen_q>={plan['min_seqlen_q']}")
     if plan.get("min_window_keys"):
-        words.append(f"window>={plan['min_window_keys']}keys")
+        words.append(f"{'chunk' if plan.get('chunked') else 'window'}>={plan['min_window_keys']}keys")
     if plan.get("seqlen_q_ranges"):
         words.append("seqlen_q in " + ",".join(f"{a}-{b}" for a, b in plan["seqlen_q_ranges"]))
     return " ".join([*words, check])

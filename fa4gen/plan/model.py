@@ -88,7 +88,8 @@ class KernelPlan:
     # ranges, all below the arch's min_seqlen_q kernels; () = not picked by range
     seqlen_q_ranges: tuple[tuple[int, int], ...] = ()
     # dispatch (with min_seqlen_q): ... and only for calls whose sliding window spans at least this many keys per
-    # row (left + right + 1; an unbounded side counts as wide enough); 0 = any call
+    # row (left + right + 1; an unbounded side counts as wide enough), or whose chunks (a chunked mask) are at least
+    # this long; 0 = any call
     min_window_keys: int = 0
     # dispatch (backward): the API runs this kernel only for calls with as many K/V heads as query heads; the
     # spec allows GQA, and its other backward (dK/dV summed in fp32 over each group) takes the GQA/MQA calls

@@ -174,7 +174,9 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     if long_kernel:
         notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead"
                      + (f", unless their sliding window spans fewer than {LONG_WINDOW_KEYS} keys per row"
-                        if kind == "sliding_window" and persistent else ""))
+                        if kind == "sliding_window" and persistent else "")
+                     + (f", unless their chunks are shorter than {LONG_CHUNK_KEYS} keys"
+                        if kind == "chunked" and persistent else ""))
     if persistent and not long_kernel:
         notes.append(f"calls with seqlen_q >= {PERSISTENT_MAX_SEQLEN_Q} run fwd_sm90_long instead (one CTA per tile)")
     if every:
@@ -242,6 +244,10 @@ LONG_SEQLEN_Q = 2560
 # (the causal crossover): windows between 1025 and 4097 keys were not measured. Not for varlen specs, whose 128-row
 # forward is not persistent (not measured).
 LONG_WINDOW_KEYS = LONG_SEQLEN_Q // 2
+# ... and unless the call's chunked mask has chunks shorter than LONG_CHUNK_KEYS keys: a chunked call is causal
+# attention over sequences of one chunk each (every row sees at most a chunk's keys, its chunk's causal share), so
+# the causal crossover applies to the chunk's length (not measured for chunks: docs/patches 0004 names the A/B).
+LONG_CHUNK_KEYS = LONG_SEQLEN_Q
 
 
 # The persistent forward runs calls below PERSISTENT_MAX_SEQLEN_Q query rows; from there on the API
@@ -298,7 +304,9 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
             f"sequence when packed), fwd_sm90 (128 rows) below")
     window_keys = _window_bound(spec)
-    if window_keys:
+    if window_keys and spec.mask.kind == "chunked":
+        note += f", and for calls whose chunks are shorter than {window_keys} keys fwd_sm90 at every seqlen_q"
+    elif window_keys:
         note += (f", and for calls whose sliding window spans fewer than {window_keys} keys per row (left + right + 1) "
                  f"fwd_sm90 at every seqlen_q")
     return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, min_window_keys=window_keys,
@@ -306,11 +314,13 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
 
 
 def _window_bound(spec: AttentionSpec) -> int:
-    """The 192-row kernel's LONG_WINDOW_KEYS dispatch bound for a sliding-window spec whose 128-row forward is
-    persistent (0: none; the window is a call argument, so the bound applies to the call's window)."""
-    if spec.mask.kind != "sliding_window" or not plan_forward(spec).scheduler == "persistent":
+    """The 192-row kernel's dispatch bound on the keys a row spans for a sliding-window (LONG_WINDOW_KEYS) or
+    chunked (LONG_CHUNK_KEYS) spec whose 128-row forward is persistent (0: none; the window and the chunk size are
+    call arguments, so the bound applies to the call's)."""
+    bound = {"sliding_window": LONG_WINDOW_KEYS, "chunked": LONG_CHUNK_KEYS}.get(spec.mask.kind, 0)
+    if not bound or not plan_forward(spec).scheduler == "persistent":
         return 0
-    return LONG_WINDOW_KEYS
+    return bound
 
 
 # d <= 64 without a mask runs 192-row tiles, which compute more rows per second than 128-row ones (+14-16% at full tiles,
