@@ -221,10 +221,16 @@ def test_persistent_forward_strides_over_many_tiles(name):
         if not spec["allow_gqa"]:
             h_kv = h
         kwargs = calls[i]
-        plan = op.forward_plan("sm90", s_q)
-        want = ("fwd_sm90", "persistent") if s_q < long_q else ("fwd_sm90_long", long_plan["scheduler"])
+        plan = op.forward_plan("sm90", s_q, kwargs.get("window"), kwargs.get("chunk_size"))
+        long_call = s_q >= long_q
+        if long_call and long_plan.get("min_window_keys"):  # d64 windows / chunks: only wide ones (LONG_WINDOW_KEYS)
+            left, right = kwargs.get("window", (spec["mask"].get("left"), spec["mask"].get("right")))
+            keys = (kwargs.get("chunk_size", spec["mask"].get("chunk_size")) if kind == "chunked"
+                    else float("inf") if min(left, right) < 0 else left + right + 1)
+            long_call = keys >= long_plan["min_window_keys"]
+        want = ("fwd_sm90_long", long_plan["scheduler"]) if long_call else ("fwd_sm90", "persistent")
         assert (plan["module"], plan["scheduler"]) == want, (s_q, plan["module"], plan["scheduler"])
-        if s_q < long_q:
+        if not long_call:
             num_m = -(-s_q // plan["tile_m"])
             work = (num_m + 1) // 2 * h * b if masked else num_m * h * b  # units of two tiles / tiles
             assert work > PERSISTENT_CTAS, (s_q, work)  # (masked: more tiles than CTAs, so paired)
