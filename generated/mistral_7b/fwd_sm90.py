@@ -144,9 +144,16 @@ class FlashFwdSm90:
         num_tiles = num_m * num_heads * num_batch
         # this CTA's tile order (schedule.paired_schedule: units of two tiles, then a longest-first tail) and the
         # divisors of its index math, made once: a division by a run-time value costs ~20 instructions a tile
+        # a sliding window: the first `ramp` query tiles of a (head, batch) pair, whose window the sequence start
+        # cuts, see fewer key blocks than the rest, which all see the same number; the order puts the full tiles
+        # first and the ramp tiles in units of their own (schedule.paired_schedule), so that units cost alike
+        # (tools/sim_schedules.py window). With an unbounded side (-1) every tile is a ramp tile: the order without one.
+        ramp = schedule.window_ramp(window_left, window_right, mQ.shape[0], mK.shape[0], num_m, num_heads * num_batch,
+                                    TILE_M)
         tile_iterations, *tile_schedule = schedule.paired_schedule(first_tile, tile_stride, num_tiles, num_m,
-                                                                   num_heads * num_batch)
-        m_div, heads_div = cute.fast_divmod_create_divisor_v2(num_m), cute.fast_divmod_create_divisor_v2(num_heads)
+                                                                   num_heads * num_batch, ramp=ramp)
+        m_div, heads_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ramp, 1)), cute.fast_divmod_create_divisor_v2(num_heads)
+        full_div = cute.fast_divmod_create_divisor_v2(cutlass.max(num_m - ramp, 1))
         pairs_div = cute.fast_divmod_create_divisor_v2(cutlass.max(tile_schedule[-1], 1))
 
         if warp_idx // 4 == 0:
@@ -157,7 +164,8 @@ class FlashFwdSm90:
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, KV_STAGES)
                 for k in cutlass.range(tile_iterations, unroll=1):
                     m_block, head, batch = schedule.paired_tile(
-                        k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div
+                        k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div,
+                        ramp=ramp, full_div=full_div
                     )
                     # (marked warp-uniform: a few instructions fewer per key block, CPU SASS, session 16)
                     m_block = cute.arch.make_warp_uniform(m_block)
@@ -232,7 +240,8 @@ class FlashFwdSm90:
             kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, KV_STAGES)
             for k in cutlass.range(tile_iterations, unroll=1):
                 m_block, head, batch = schedule.paired_tile(
-                    k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div
+                    k, first_tile, tile_stride, num_m, num_heads, tile_schedule, m_div, heads_div, pairs_div,
+                    ramp=ramp, full_div=full_div
                 )
                 # (marked warp-uniform: a few instructions fewer per key block, CPU SASS, session 16)
                 m_block = cute.arch.make_warp_uniform(m_block)
