@@ -246,7 +246,10 @@ LONG_SEQLEN_Q = 2560
 LONG_WINDOW_KEYS = LONG_SEQLEN_Q // 2
 # ... and unless the call's chunked mask has chunks shorter than LONG_CHUNK_KEYS keys: a chunked call is causal
 # attention over sequences of one chunk each (every row sees at most a chunk's keys, its chunk's causal share), so
-# the causal crossover applies to the chunk's length (not measured for chunks: docs/patches 0004 names the A/B).
+# the causal crossover applies to the chunk's length. Same-run A/B, session 56 (H200, d64, end to end against the
+# 192-row kernel): chunks of 1024 keys raw +43% / +29% / +31% at 2560 / 4096 / 8192; chunks of 1025-2559 keys not
+# measured (docs/STATUS.md's device plan names the A/B). Session 56's end-to-end window A/B (window 1024, H200): +17% /
+# +12% at 2560 / 8192.
 LONG_CHUNK_KEYS = LONG_SEQLEN_Q
 
 
