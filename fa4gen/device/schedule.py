@@ -89,17 +89,17 @@ def paired_schedule(cta: Int32, ctas: Int32, num_tiles: Int32, num_m: Int32, num
     makespan over a perfect balance 1.037 -> 1.009 at d64 and 1.062 -> 1.019 at d128, worst 1.12 -> 1.03;
     a greedy longest-first tail: 1.007 / 1.015).
 
-    `ramp` (sliding windows, from `window_ramp`, which keeps num_hb x (num_m - ramp) even, as `chunk_ramp` does; None
-    otherwise): the query tiles at the start of every pair whose window the sequence start cuts, so they see fewer key
-    blocks (about 1, 2, ..., ramp) than the rest, which all see the same number. Pairing tile j with num_m - 1 - j
-    then makes units of unequal cost, and a stride over them leaves some CTAs the cheap units of every pair
-    (tools/sim_schedules.py window: 1.18x a perfect balance at s3072 with a
-    1024-key window). With `ramp` the order is Z' = the full tiles first (pair after pair, in the order Z over each
-    pair's num_m - ramp of them: units of two full tiles) and then every pair's ramp tiles in the order Z over `ramp`
-    tiles (units j / ramp - 1 - j, each about one full tile's cost): each part's units cost the same, and the tail goes
-    longest first as above, the rest of the full tiles before the ramp tiles' levels. `ramp` = num_m is the order
-    without it. A chunked mask (`chunk_ramp`, paired_tile's `ramp_high`) uses the same split with the ramp at a pair's
-    end: its whole chunks are the first part, the last, partial chunk the ramp."""
+    `ramp` (sliding windows, from `window_ramp`, which keeps num_hb x (num_m - ramp) even, as `chunk_ramp` does;
+    None otherwise): the query tiles at the start of every pair whose window the sequence start cuts, so they see
+    fewer key blocks (about 1, 2, ..., ramp) than the rest, which all see the same number. Pairing tile j with num_m
+    - 1 - j then makes units of unequal cost, and a stride over them leaves some CTAs the cheap units of every pair
+    (tools/sim_schedules.py window: 1.18x a perfect balance at s3072 with a 1024-key window). With `ramp` the order
+    is Z' = the full tiles first (pair after pair, in the order Z over each pair's num_m - ramp of them: units of
+    two full tiles) and then every pair's ramp tiles in the order Z over `ramp` tiles (units j / ramp - 1 - j, each
+    about one full tile's cost): each part's units cost the same, and the tail goes longest first as above, the rest
+    of the full tiles before the ramp tiles' levels. `ramp` = num_m is the order without it. A chunked mask
+    (`chunk_ramp`, paired_tile's `ramp_high`) uses the same split with the ramp at a pair's end: its whole chunks
+    are the first part, the last, partial chunk the ramp."""
     two = 2 * ctas
     head_blocks = cutlass.max(num_tiles // two - 1, 0)
     head_iters = 2 * head_blocks
