@@ -298,6 +298,19 @@ def window_loads(seqlen, left, heads=32, sms=132, overhead=0.3, tile=128, chunk=
     return loads, ran
 
 
+def _print_balance(mask, sms, ramp_order, seqlens, loads_of):
+    """One line of the `window` mode: the makespan over a perfect balance (max / mean of `loads_of(seqlen)`) of each
+    seqlen, their mean and the worst."""
+    cells = []
+    for seqlen in seqlens:
+        loads = loads_of(seqlen)
+        cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
+    worst = max(cells, key=lambda c: c[1])
+    print(f"masked persistent d64, {mask}, {sms} SMs, {'ramp order' if ramp_order else 'units j / num_m - 1 - j'}: "
+          f"makespan over a perfect balance mean {statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} "
+          f"(s{worst[0]}); " + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
+
+
 def _z_tile(z, num_m):
     """Query tile at position z of the order Z (fa4gen.device.schedule.paired_tile's, written out)."""
     hb, r = divmod(z, num_m)
@@ -340,30 +353,15 @@ def main(argv=None) -> int:
     elif args.which == "window":
         for left in (None, 256, 512, 1024, 2048):
             for ramp_order in (False, True):
-                cells = []
-                for seqlen in range(1024, 8193, 512):
-                    if left is not None and left >= seqlen:
-                        continue
-                    loads, _ = window_loads(seqlen, left, sms=args.sms, ramp_order=ramp_order)
-                    cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
-                worst = max(cells, key=lambda c: c[1])
-                print(f"masked persistent d64, {'causal' if left is None else f'window {left}'}, {args.sms} SMs, "
-                      f"{'ramp order' if ramp_order else 'units j / num_m - 1 - j'}: makespan over a perfect balance mean "
-                      f"{statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
-                      + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
+                seqlens = [sq for sq in range(1024, 8193, 512) if left is None or left < sq]
+                _print_balance(f"{'causal' if left is None else f'window {left}'}", args.sms, ramp_order, seqlens,
+                               lambda sq: window_loads(sq, left, sms=args.sms, ramp_order=ramp_order)[0])
         # chunked masks: each chunk's tiles ramp up again, which the units j / num_m - 1 - j balance only when the
         # chunk's tiles divide the pair's; the ramp order (schedule.chunk_ramp) puts the partial chunk's tiles apart
         for chunk in (512, 1024, 2048):
             for ramp_order in (False, True):
-                cells = []
-                for seqlen in range(chunk + 512, 4097, 512):
-                    loads, _ = window_loads(seqlen, None, sms=args.sms, chunk=chunk, ramp_order=ramp_order)
-                    cells.append((seqlen, max(loads) / (sum(loads) / len(loads))))
-                worst = max(cells, key=lambda c: c[1])
-                print(f"masked persistent d64, chunks of {chunk}, {args.sms} SMs, "
-                      f"{'ramp order' if ramp_order else 'units j / num_m - 1 - j'}: makespan over a perfect balance "
-                      f"mean {statistics.mean(c[1] for c in cells):.3f}, worst {worst[1]:.3f} (s{worst[0]}); "
-                      + " ".join(f"s{sq} {r:.3f}" for sq, r in cells))
+                _print_balance(f"chunks of {chunk}", args.sms, ramp_order, range(chunk + 512, 4097, 512),
+                               lambda sq: window_loads(sq, None, sms=args.sms, chunk=chunk, ramp_order=ramp_order)[0])
     elif args.which == "groups":
         for name, tile_m, tile_n in (("d64", 128, 128), ("d128", 64, 128), ("(192, 128)", 64, 96), ("d256", 64, 64)):
             for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
