@@ -224,6 +224,34 @@ def test_persistent_forward_gets_the_gpus_sm_count():
         op._sm_count_by_device.clear()
 
 
+def test_spread_ctas_walks_every_cta_through_every_query_tile():
+    """A persistent forward whose idle warpgroups skip a sequence's last, partial tile: with 132 CTAs and 3 / 6 / 11
+    192-row tiles per sequence (seqlen 512 / 1024 / 2048) CTA c met query tile c mod num_m in every iteration, so the
+    cheap last tiles all went to the same CTAs; a CTA count coprime to num_m deals them round (131 here)."""
+    from fa4gen.api.runtime import spread_ctas
+
+    assert [spread_ctas(132, s, 192, 16384 // s * 32) for s in (512, 1024, 2048)] == [131] * 3
+    # nothing to spread: whole tiles (576 = 3 x 192), a last tile with a row for every warpgroup (190, 520), or
+    # every tile in one wave
+    assert [spread_ctas(132, s, 192, 512) for s in (576, 190, 520)] == [132] * 3
+    assert spread_ctas(132, 1024, 192, 22) == 132 and spread_ctas(132, 1024, 192, 23) == 131
+    for sms in (78, 114, 132):
+        for s in range(65, 4096, 61):
+            num_m = -(-s // 192)
+            n = spread_ctas(sms, s, 192, 64)
+            assert 1 <= n <= sms
+            if n != sms:
+                assert math.gcd(n, num_m) == 1 and all(math.gcd(m, num_m) != 1 for m in range(n + 1, sms + 1))
+                # CTA c's k-th tile is c + k n: over num_m iterations it meets every query tile once
+                assert all({(c + k * n) % num_m for k in range(num_m)} == set(range(num_m)) for c in range(n))
+    op = _package("vit_encoder")._forward
+    plan = op.plans["sm90"]
+    assert plan["skip_idle_warpgroups"] and plan["scheduler"] == "persistent"
+    assert op.persistent_ctas(plan, torch.device("cpu"), 1024, 512) == 131
+    assert op.persistent_ctas(plan, torch.device("cpu"), 1152, 512) == 132  # 6 whole tiles
+    assert op.persistent_ctas(plan, torch.device("cpu")) == 132  # no call shape: the SM count
+
+
 # --- fa4gen.build --------------------------------------------------------------------------------
 
 VALID = {

@@ -440,11 +440,27 @@ def test_persistent_sm90_o_stored_barrier_needs_its_own_id():
 IDLE_SM90 = [p for p in SM90_PLANS if p.skip_idle_warpgroups]
 
 
-def test_idle_warpgroups_are_planned_for_three_warpgroups_one_cta_per_tile():
-    assert IDLE_SM90 and all(p.num_mma_warpgroups == 3 and p.scheduler != "persistent" for p in IDLE_SM90)
-    assert {(p.ping_pong, p.intra_wg_overlap) for p in IDLE_SM90} == {(a, b) for a in (True, False) for b in (True, False)}
-    # the persistent loop keeps every warpgroup busy (the branch cost its key blocks their uniform descriptors)
-    assert not any(p.skip_idle_warpgroups for p in SM90_PLANS if p.scheduler == "persistent")
+def test_idle_warpgroups_are_planned_for_three_warpgroups():
+    assert IDLE_SM90 and all(p.num_mma_warpgroups == 3 for p in IDLE_SM90)
+    grid = [p for p in IDLE_SM90 if p.scheduler != "persistent"]
+    assert {(p.ping_pong, p.intra_wg_overlap) for p in grid} == {(a, b) for a in (True, False) for b in (True, False)}
+    # the persistent loop skips through guarded steps, which exist for the intra-warpgroup overlap's block only
+    persistent = [p for p in SM90_PLANS if p.scheduler == "persistent" and p.num_mma_warpgroups == 3]
+    assert persistent and all(p.skip_idle_warpgroups == p.intra_wg_overlap for p in persistent)
+    assert any(p.skip_idle_warpgroups for p in persistent)
+
+
+def test_sm90_persistent_idle_warpgroups_keep_the_protocol_across_tiles():
+    """The persistent kernel's idle warpgroups (guarded steps) over several tiles, busy and idle mixed, with the
+    pipeline states running on across them."""
+    plans = [p for p in IDLE_SM90 if p.scheduler == "persistent"]
+    assert plans
+    tiles = [(5, 3), (2, 1), (4, 2), (0, 1), (3, 1), (1, 3)]
+    for plan in plans:
+        model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+        for seed in range(6):
+            run = model.run(protocol.sm90_programs(plan, tiles), seed=seed)
+            assert run.tma_copies == len(tiles) + 2 * sum(n for n, _ in tiles)
 
 
 @pytest.mark.parametrize("busy", [1, 2])

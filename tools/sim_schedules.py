@@ -47,8 +47,15 @@ whose tiles ramp up again in every chunk (the units balance them only when a chu
 that order and for the chunks' ramp order (schedule.chunk_ramp: the last, partial chunk's tiles in units of their own,
 after the whole chunks').
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups` or `... window`
-(docs/STATUS.md, sessions 11, 14, 39 and 55, quote their output).
+`idle`: the persistent forward without a mask in 192-row tiles (d64's grid: 16k tokens x 32 heads), whose idle warpgroups
+skip a sequence's last, partial tile, which then costs `c1` (one busy warpgroup) or `c2` (two) of a full tile (assumed,
+not measured); CTA c runs tiles c, c + n, ... Prints each seqlen's makespan over a perfect balance with n = the SM
+count (when n is a multiple of the tiles per sequence, a CTA meets the same query tile in every iteration) and with the
+API's n (fa4gen.api.runtime.spread_ctas: the largest count coprime to them), and the time saved against the kernel
+without the skip.
+
+Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window` or
+`... idle` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
 """
 
 import argparse
@@ -320,9 +327,21 @@ def _z_tile(z, num_m):
     return num_m - 1 - half - odd * (num_m - 1 - 2 * half)
 
 
+def idle_loads(seqlen, n, c1, c2, skip=True, tile=192, tokens=16384, heads=32):
+    """Per-CTA work of the `idle` mode: tile t = hb * num_m + m on CTA t mod n, a full tile 1, a last, partial one c1
+    / c2 by its busy warpgroups (1 without the skip)."""
+    num_m = -(-seqlen // tile)
+    busy = -(-(seqlen - (num_m - 1) * tile) // 64)
+    cost = {1: c1, 2: c2}.get(busy, 1.0) if skip else 1.0
+    loads = [0.0] * n
+    for t in range(num_m * tokens // seqlen * heads):
+        loads[t % n] += cost if t % num_m == num_m - 1 else 1.0
+    return loads
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window", "idle"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -381,6 +400,19 @@ def main(argv=None) -> int:
                 shortest, longest = (makespan(w, args.sms) / (sum(w) / args.sms) for w in blocks.values())
                 print(f"deterministic causal backward {name} s{seqlen} (group {group}, no turn waits): shortest-first "
                       f"{shortest:.3f}x, longest-first {longest:.3f}x a perfect balance")
+    elif args.which == "idle":
+        from fa4gen.api.runtime import spread_ctas
+
+        for c1, c2 in ((0.4, 0.7), (0.6, 0.85)):
+            for seqlen in (512, 1000, 1024, 1536, 2048, 2500, 3000, 4095):
+                n = spread_ctas(args.sms, seqlen, 192, 16384 // seqlen * 32)
+                before = max(idle_loads(seqlen, args.sms, c1, c2, skip=False))
+                cells = []
+                for count in (args.sms, n):
+                    loads = idle_loads(seqlen, count, c1, c2)
+                    cells.append(f"{count} CTAs {max(loads) / (sum(loads) / args.sms):.3f}x a balance, "
+                                 f"{before / max(loads):.3f}x as fast as no skip")
+                print(f"d64 no mask s{seqlen} (last tile c1 {c1}, c2 {c2}): " + "; ".join(cells))
     elif args.which == "persistent":
         for seqlen in (512, 1024, 2048, 4096, 8192):
             grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)

@@ -395,16 +395,22 @@ class ForwardOp:
         left, right = (plan["window_left"], plan["window_right"]) if window is None else _window(window)
         return math.inf if left < 0 or right < 0 else left + right + 1
 
-    def persistent_ctas(self, plan: dict, device: torch.device) -> int:
+    def persistent_ctas(self, plan: dict, device: torch.device, seqlen_q: int = 0, pairs: int = 0) -> int:
         """The CTA count a persistent forward launches on `device` (at most; fewer when there are fewer work
         units): its SM count (cached per device), so an H100 PCIe (114), an H20 (78) or a MIG slice runs one
         CTA per SM as an H200 does (132), with no CTA waiting for another's whole tile list. Off CUDA (the
-        CPU tests' stand-in launches) the plan's `persistent_ctas`."""
+        CPU tests' stand-in launches) the plan's `persistent_ctas`. A kernel whose idle warpgroups skip a
+        sequence's last, partial tile (plan skip_idle_warpgroups) gets `spread_ctas` of it for `seqlen_q` and
+        `pairs` (batch x heads)."""
         if device.type != "cuda":
-            return plan["persistent_ctas"]
-        count = self._sm_count_by_device.get(device.index)
-        if count is None:
-            count = self._sm_count_by_device[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+            count = plan["persistent_ctas"]
+        else:
+            count = self._sm_count_by_device.get(device.index)
+            if count is None:
+                count = self._sm_count_by_device[device.index] = \
+                    torch.cuda.get_device_properties(device).multi_processor_count
+        if plan.get("skip_idle_warpgroups") and plan["mask_kind"] == "none":
+            count = spread_ctas(count, seqlen_q, plan["tile_m"], pairs)
         return count
 
     def backward_plan(self, arch: str, heads: int, kv_heads: int) -> dict | None:
@@ -645,7 +651,7 @@ class ForwardOp:
         # each sequence's mask
         args = self._runtime_args(plan, scale, window, chunk_size, seqlens=(s_q, s_k))
         if plan["scheduler"] == "persistent":  # (never packed: no use_seqused after it)
-            args.append(self.persistent_ctas(plan, q.device))
+            args.append(self.persistent_ctas(plan, q.device, s_q, q.shape[0] * h))
         if out.numel() == 0 or s_k == 0:
             out.zero_()
             if lse is not None:
@@ -987,6 +993,23 @@ def refuse_out_with_grad() -> None:
 
 def refuse_out_requiring_grad() -> None:
     _fail("out: must not require grad (the kernel writes it in place, behind autograd's back)", RuntimeError)
+
+
+def spread_ctas(sms: int, seqlen_q: int, tile_m: int, pairs: int) -> int:
+    """The CTA count of a persistent forward without a mask whose idle warpgroups skip a sequence's last, partial
+    tile: CTA c runs tiles c, c + n, c + 2n, ... of the (head, batch) pairs' tiles in order (num_m per pair), so it
+    meets query tile (c + k n) mod num_m in its k-th iteration. With n a multiple of num_m (132 SMs and seqlen 512 /
+    1024 / 2048 in 192-row tiles: 3, 6, 11 tiles) a CTA meets the same query tile every time, and the CTAs that hold
+    the cheap last tiles idle while the rest run only full ones. The largest n <= sms coprime to num_m walks every
+    CTA through all num_m positions, so each holds its share of the cheap tiles (tools/sim_schedules.py idle). `sms`
+    as it is when the last tile is full (nothing to spread), or when one wave holds every tile."""
+    num_m = -(-seqlen_q // tile_m)
+    if seqlen_q % tile_m == 0 or tile_m - seqlen_q % tile_m < 64 or num_m * pairs <= sms:
+        return sms
+    n = sms
+    while n > 1 and math.gcd(n, num_m) != 1:
+        n -= 1
+    return n
 
 
 def clamp_window(left: int, right: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:

@@ -789,8 +789,9 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
             yield store_wait()
 
     def idle_tile(c, t, n_blocks, q, k, v):
-        # plan.skip_idle_warpgroups: no row of warpgroup c inside the sequence; templates/sm90/_consumer.j2 idle_tile:
-        # every stage waited for, then released, turns passed on, no read
+        # plan.skip_idle_warpgroups: no row of warpgroup c inside the sequence; templates/sm90/_consumer.j2 idle_tile
+        # (one CTA per tile) or the persistent kernel's guarded steps: every stage waited for, then released, turns
+        # passed on, no read
         kslots = [k.next() for _ in range(n_blocks)]
         vslots = [v.next() for _ in range(n_blocks)]
         qs, ph = q.next()
@@ -803,6 +804,17 @@ def sm90_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 yield release("k", kslots[0][0], 4)
             for j in range(1, n_blocks):
                 yield wait("k", *kslots[j])
+                if persistent:
+                    # the persistent kernel's guarded steps (templates/sm90/_steps.j2 overlapped_block): the busy
+                    # block's handshakes in its order, without its reads
+                    if plan.ping_pong:
+                        yield bar_sync(PP + c, 256, 128)
+                    yield wait("v", *vslots[j - 1])
+                    if plan.ping_pong:
+                        yield bar_arrive(PP + (c + 1) % W, 256, 128)
+                    yield release("k", kslots[j][0], 4)
+                    yield release("v", vslots[j - 1][0], 4)
+                    continue
                 if plan.ping_pong:
                     yield bar_sync(PP + c, 256, 128)
                     yield bar_arrive(PP + (c + 1) % W, 256, 128)

@@ -198,6 +198,11 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         notes.append("varlen: query tiles of all sequences numbered back to back (grid ceil(total_q / tile_m) + "
                      "sequences); per-sequence bounded TMA views, so loads past a sequence read zeros and stores "
                      "past it are dropped")
+    if num_wg == 3 and not spec.varlen and persistent and overlap:
+        notes.append("idle warpgroups: in a sequence's last query tile the warpgroups without a row skip their GEMMs "
+                     "and softmax block by block and keep only the handshakes (K/V stages, tensor-core turns); the API "
+                     "launches a CTA count coprime to the tiles per sequence, so every CTA gets its share of those "
+                     "cheaper tiles (runtime.spread_ctas)")
     if num_wg == 3 and not spec.varlen and not persistent:
         notes.append("idle warpgroups: when a sequence's last query tile has rows for warpgroup 0 only, warpgroups 1 "
                      "and 2 skip their GEMMs and softmax and only pass the K/V stages and their tensor-core turns on "
@@ -217,7 +222,7 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
         intra_wg_overlap=overlap,
         scheduler="persistent" if persistent else "grid_lpt" if kind in ("causal", "sliding_window", "chunked") else "grid",
         persistent_ctas=PERSISTENT_CTAS if persistent else 0,
-        skip_idle_warpgroups=num_wg == 3 and not spec.varlen and not persistent,
+        skip_idle_warpgroups=num_wg == 3 and not spec.varlen and (overlap or not persistent),
         **semantic_fields(spec, every, share, fit),
         budgets=budgets,
         notes=tuple(notes),

@@ -233,28 +233,37 @@ class FlashFwdSm90:
                 if wg_c == NUM_MMA_WG - 1:
                     # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                     cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
+                # warpgroups with a row inside the sequence: in a sequence's last tile the others skip their GEMMs and
+                # softmax block by block inside the one loop (steps.guarded), keeping every handshake; the API spreads
+                # those cheaper tiles over the CTAs (a CTA count coprime to the tiles per sequence, runtime.persistent_ctas)
+                busy_wgs = cute.arch.make_warp_uniform((seqlen_q - m_block * TILE_M + 63) // 64)
+                busy_wg = wg_c < busy_wgs
                 if n_max > n_min:
                     # first (highest) key block: S only; its P·V is issued together with the next S
                     n_block = n_max - 1
                     pipe_k.consumer_wait(kv_state)
-                    warpgroup.fence()
-                    tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
-                    tSrK_kv = tSrK[None, None, None, kv_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
-                    pipe_k.consumer_release(kv_state)
-                    if (n_block + 1) * TILE_N > seqlen_k:
-                        softmax.mask_columns(s_rc, tScS_rc, seqlen_k - n_block * TILE_N)
-                    softmax.online_softmax_step(
-                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                        is_first=True,
-                    )
-                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
-                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
-                    frag.convert(tOrP_c, acc_S, pinned=True)
+                    if busy_wg:
+                        warpgroup.fence()
+                        tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
+                        tSrK_kv = tSrK[None, None, None, kv_state.index]
+                        for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+                        pipe_k.consumer_release(kv_state)
+                        if (n_block + 1) * TILE_N > seqlen_k:
+                            softmax.mask_columns(s_rc, tScS_rc, seqlen_k - n_block * TILE_N)
+                        softmax.online_softmax_step(
+                            s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                            is_first=True,
+                        )
+                        # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                        # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                        frag.convert(tOrP_c, acc_S, pinned=True)
+
+                    else:
+                        pipe_k.consumer_release(kv_state)
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                     n_block = n_max - 2 - i
                     v_state = kv_state.clone()
@@ -263,46 +272,60 @@ class FlashFwdSm90:
                     cute.arch.barrier(barrier_id=PINGPONG_BARRIER + wg_c, number_of_threads=2 * 128)
 
                     # S = Q·Kᵀ (block n_block) and O += P·V (block n_block + 1) in flight together
-                    warpgroup.fence()
-                    tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
-                    tSrK_kv = tSrK[None, None, None, kv_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                        tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                        cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
-                    warpgroup.commit_group()
-                    pipe_v.consumer_wait(v_state)
-                    warpgroup.fence()
-                    tOrV_st = tOrV[None, None, None, v_state.index]
-                    for k in cutlass.range_constexpr(TILE_N // 16):
-                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                    warpgroup.commit_group()
-                    cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+                    if busy_wg:
+                        warpgroup.fence()
+                        tSrQ_0 = tSrQ[None, None, None, q_cstate.index]
+                        tSrK_kv = tSrK[None, None, None, kv_state.index]
+                        for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                            tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                            cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
+                        warpgroup.commit_group()
+                        pipe_v.consumer_wait(v_state)
+                        warpgroup.fence()
+                        tOrV_st = tOrV[None, None, None, v_state.index]
+                        for k in cutlass.range_constexpr(TILE_N // 16):
+                            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                        warpgroup.commit_group()
+                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
-                    warpgroup.wait_group(1)
-                    pipe_k.consumer_release(kv_state)
-                    softmax.online_softmax_step(
-                        s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
-                        is_first=False,
-                    )
-                    warpgroup.wait_group(0)
-                    pipe_v.consumer_release(v_state)
-                    # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
-                    # conversions below it, where they ran as one burst at the block's end (frag.convert)
-                    frag.convert(tOrP_c, acc_S, pinned=True)
-                    softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+                        warpgroup.wait_group(1)
+                        pipe_k.consumer_release(kv_state)
+                        softmax.online_softmax_step(
+                            s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
+                            is_first=False,
+                        )
+                        warpgroup.wait_group(0)
+                        pipe_v.consumer_release(v_state)
+                        # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
+                        # conversions below it, where they ran as one burst at the block's end (frag.convert)
+                        frag.convert(tOrP_c, acc_S, pinned=True)
+                        softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
+
+                    else:
+                        pipe_v.consumer_wait(v_state)
+                        cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
+
+                        pipe_k.consumer_release(kv_state)
+                        pipe_v.consumer_release(v_state)
+
+
 
                 # every S of this tile has completed (waited for in its block): Q's buffer is free
                 pipe_q.consumer_release(q_cstate)
                 q_cstate.advance()
                 if n_max > n_min:
                     # last P·V
-                    pipe_v.consumer_wait(kv_state)
-                    warpgroup.fence()
-                    tOrV_st = tOrV[None, None, None, kv_state.index]
-                    for k in cutlass.range_constexpr(TILE_N // 16):
-                        cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(0)
+                    if busy_wg:
+                        pipe_v.consumer_wait(kv_state)
+                        warpgroup.fence()
+                        tOrV_st = tOrV[None, None, None, kv_state.index]
+                        for k in cutlass.range_constexpr(TILE_N // 16):
+                            cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(0)
+
+                    else:
+                        pipe_v.consumer_wait(kv_state)
                     pipe_v.consumer_release(kv_state)
                     kv_state.advance()
 
