@@ -193,6 +193,27 @@ def test_every_block_loop_has_one_exp2_per_score(compiled, cache_root):
             assert all(ex2 == expected for _, ex2 in loops), f"{name}: (instructions, MUFU.EX2) per loop {loops}, expected {expected} MUFU.EX2"
 
 
+def test_forward_wgmma_groups_are_not_serialized(compiled, cache_root):
+    """Each WGMMA group of a forward's key-block loop waits once, after its last WGMMA: ptxas serializes the groups
+    (a WARPGROUP.DEPBAR after every HGMMA, each carrying the scoreboard gsb0) when it cannot prove a group's
+    accumulators untouched while it is in flight. A group issued under one branch and waited for under another did
+    that to every WGMMA of the persistent 192-row forward's guarded steps (session 57): each branch now holds whole
+    groups. At most one HGMMA per group carries gsb0."""
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.sass import mma_loops
+
+    entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
+    for name, (spec, plans, reports, _) in compiled.items():
+        for plan in plans:
+            if plan.direction != "fwd":
+                continue
+            sass = entries[f"{name}.{plan.module}"].file("kernel.sass").read_text()
+            for body in mma_loops(sass, plan.head_dim // 16 + plan.tile_n // 16):
+                hgmma = [b for b in body if "HGMMA" in b]
+                waited = [b for b in hgmma if "gsb0" in b]
+                assert len(waited) <= 2, f"{name} {plan.module}: {len(waited)} of {len(hgmma)} HGMMA wait (serialized)"
+
+
 def _function_sass(sass: str, name_part: str) -> str:
     """The SASS of the one kernel in a module's listing whose .text section name contains name_part."""
     sections = re.split(r"^//-+ \.text\.", sass, flags=re.M)

@@ -261,7 +261,6 @@ class FlashFwdSm90:
                         # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
                         # conversions below it, where they ran as one burst at the block's end (frag.convert)
                         frag.convert(tOrP_c, acc_S, pinned=True)
-
                     else:
                         pipe_k.consumer_release(kv_state)
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
@@ -300,14 +299,12 @@ class FlashFwdSm90:
                         # conversions below it, where they ran as one burst at the block's end (frag.convert)
                         frag.convert(tOrP_c, acc_S, pinned=True)
                         softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
-
                     else:
                         pipe_v.consumer_wait(v_state)
                         cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
                         pipe_k.consumer_release(kv_state)
                         pipe_v.consumer_release(v_state)
-
 
 
                 # every S of this tile has completed (waited for in its block): Q's buffer is free
@@ -323,7 +320,6 @@ class FlashFwdSm90:
                             cute.gemm(tiled_mma_pv, acc_O, tOrP[None, None, k], tOrV_st[None, None, k], acc_O)
                         warpgroup.commit_group()
                         warpgroup.wait_group(0)
-
                     else:
                         pipe_v.consumer_wait(kv_state)
                     pipe_v.consumer_release(kv_state)
