@@ -211,9 +211,9 @@ class FlashFwdSm90:
                 # the last warpgroup hands the first turn on the tensor core to warpgroup 0
                 cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER, number_of_threads=2 * 128)
             n_hi, n_lo = mask.mask_phases(bounds, n_min, n_max, TILE_N)
-            # warpgroups with a row inside the sequence (one CTA per tile only: in the persistent loop ptxas moves the
-            # key-block loops' WGMMA descriptors out of uniform registers with this branch, 454 -> 494 instructions
-            # per d64 key block, CPU SASS; four forms tried, docs/PERF.md session 17)
+            # warpgroups with a row inside the sequence (one CTA per tile: an idle warpgroup runs a loop of its own; in
+            # the persistent loop that moved the busy loop's WGMMA descriptors out of uniform registers, 454 -> 494
+            # instructions per d64 key block, docs/PERF.md session 17, so the persistent forward uses guarded steps)
             # Only a tile with one busy warpgroup skips (the other two idle): with one idle warpgroup of three,
             # seqlen 8192, the H200 measured -1.7 / -9.8 / -1.9% in three A/Bs against +4.0 / +1.1 / +2.1% with
             # two idle at 4096 (docs/PERF.md session 18); a tile with two busy warpgroups runs all three as before
