@@ -252,9 +252,9 @@ LONG_WINDOW_KEYS = LONG_SEQLEN_Q // 2
 # ... and unless the call's chunked mask has chunks shorter than LONG_CHUNK_KEYS keys: a chunked call is causal
 # attention over sequences of one chunk each (every row sees at most a chunk's keys, its chunk's causal share), so
 # the causal crossover applies to the chunk's length. Same-run A/B, session 56 (H200, d64, end to end against the
-# 192-row kernel): chunks of 1024 keys raw +43% / +29% / +31% at 2560 / 4096 / 8192; chunks of 1025-2559 keys not
-# measured (docs/STATUS.md's device plan names the A/B). Session 56's end-to-end window A/B (window 1024, H200): +17% /
-# +12% at 2560 / 8192.
+# 192-row kernel): chunks of 1024 keys raw +43% / +29% / +31% at 2560 / 4096 / 8192; session 57 (H100, the 192-row
+# kernel pinned against this choice): chunks of 2048 keys 0.903 / 0.909 at 4096 / 8192 (chunks of 2049-2559 keys not
+# measured). Session 56's end-to-end window A/B (window 1024, H200): +17% / +12% at 2560 / 8192.
 LONG_CHUNK_KEYS = LONG_SEQLEN_Q
 
 
@@ -326,7 +326,7 @@ def _window_bound(spec: AttentionSpec) -> int:
     chunked (LONG_CHUNK_KEYS) spec whose 128-row forward is persistent (0: none; the window and the chunk size are
     call arguments, so the bound applies to the call's)."""
     bound = {"sliding_window": LONG_WINDOW_KEYS, "chunked": LONG_CHUNK_KEYS}.get(spec.mask.kind, 0)
-    if not bound or not plan_forward(spec).scheduler == "persistent":
+    if not bound or plan_forward(spec).scheduler != "persistent":
         return 0
     return bound
 

@@ -306,7 +306,6 @@ class FlashFwdSm90:
                         pipe_k.consumer_release(kv_state)
                         pipe_v.consumer_release(v_state)
 
-
                 # every S of this tile has completed (waited for in its block): Q's buffer is free
                 pipe_q.consumer_release(q_cstate)
                 q_cstate.advance()
