@@ -293,18 +293,18 @@ def test_build_dict_returns_module(cache_dir):
 def test_short_sliding_window_keeps_the_128_row_forward(cache_dir):
     """A masked d64 spec's 192-row forward runs from LONG_SEQLEN_Q query rows on, except for calls whose sliding
     window spans fewer than LONG_WINDOW_KEYS keys per row (left + right + 1): the 128-row persistent forward then
-    runs at every length (session 55's A/Bs). The call's window decides, the spec's when it passes none; varlen
+    runs at every length (sessions 55 and 58's A/Bs). The call's window decides, the spec's when it passes none; varlen
     specs (a 128-row forward that is not persistent) keep the seqlen_q rule alone."""
     from fa4gen.plan.sm90 import LONG_SEQLEN_Q, LONG_WINDOW_KEYS
 
     spec = dict(VALID, name="window_probe", mask={"kind": "sliding_window", "left": 1024, "right": 0})
     op = fa4gen.build(spec)._forward
     pick = lambda s, w=None: op.forward_plan("sm90", s, w)["module"]  # noqa: E731
-    assert op.long_plans["sm90"][0]["min_window_keys"] == LONG_WINDOW_KEYS == 1280
+    assert op.long_plans["sm90"][0]["min_window_keys"] == LONG_WINDOW_KEYS == 2050
     assert [pick(s) for s in (1, LONG_SEQLEN_Q, 10**6)] == ["fwd_sm90"] * 3  # the spec's window: 1025 keys
     assert pick(LONG_SEQLEN_Q, (LONG_WINDOW_KEYS - 1, 0)) == "fwd_sm90_long"  # exactly LONG_WINDOW_KEYS keys
     assert pick(LONG_SEQLEN_Q, (LONG_WINDOW_KEYS - 2, 0)) == "fwd_sm90"
-    assert pick(LONG_SEQLEN_Q, (600, 679)) == "fwd_sm90_long"  # both sides count
+    assert pick(LONG_SEQLEN_Q, (1200, LONG_WINDOW_KEYS - 1201)) == "fwd_sm90_long"  # both sides count
     assert pick(LONG_SEQLEN_Q, (-1, 0)) == "fwd_sm90_long"  # unbounded left: as causal
     assert pick(LONG_SEQLEN_Q - 1, (-1, 0)) == "fwd_sm90"
     with pytest.raises(ValueError, match=r"^window: expected \(left, right\)"):

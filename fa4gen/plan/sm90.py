@@ -242,13 +242,15 @@ LONG_SEQLEN_Q = 2560
 # ... unless the call's sliding window keeps every row under LONG_WINDOW_KEYS keys (left + right + 1, both sides
 # bounded): then the 128-row persistent forward runs at every seqlen_q. The 192-row tile pays where rows are long
 # (more rows per K/V load); a bounded window caps the keys per row while its edge tiles waste more of a 192-row
-# tile (192 + window keys read for a window's worth per row, against 128 + window). Same-run A/Bs, session 55 (H100,
-# d64, the 128-row persistent kernel pinned against the 192-row one, raw): window 1024 keys (left 1024, right 0)
-# +14.0% at 2560, +0.2% at 3072, +13.6% at 3584, +10.7% at 4096, +11.6% at 8192; window 4096: -1.6% at 4096, -7.7% at
-# 8192, as causal (the 192-row kernel stays). The bound is the mean keys per row of a causal call at LONG_SEQLEN_Q
-# (the causal crossover): windows between 1025 and 4097 keys were not measured. Not for varlen specs, whose 128-row
-# forward is not persistent (not measured).
-LONG_WINDOW_KEYS = LONG_SEQLEN_Q // 2
+# tile (192 + window keys read for a window's worth per row, against 128 + window). Same-run A/Bs (H100, d64 causal
+# windows (left, 0), the 128-row persistent kernel pinned against the 192-row one, raw): session 55, 1025 keys +14.0%
+# at 2560, +0.2% at 3072, +13.6% at 3584, +10.7% at 4096, +11.6% at 8192; session 58, 2049 keys +3.9% / +1.4% at
+# 4096 / 8192, 3073 keys -5.5% and 4097 keys -4.9% at 8192 (session 55: -1.6% / -7.7% at 4096 / 8192). Session 58 end
+# to end against a bound of 2304: 2201 keys +0.9% / -3.8% at 4096 / 8192, so the crossover at long calls lies between
+# 2049 and 2201 keys, and the bound keeps the measured gain: windows up to 2049 keys (left 2048, right 0: end to end
+# against the old bound of 1280, +4.0% / +1.3%). Not for varlen specs, whose 128-row forward is not persistent (not
+# measured).
+LONG_WINDOW_KEYS = 2050
 # ... and unless the call's chunked mask has chunks shorter than LONG_CHUNK_KEYS keys: a chunked call is causal
 # attention over sequences of one chunk each (every row sees at most a chunk's keys, its chunk's causal share), so
 # the causal crossover applies to the chunk's length. Same-run A/B, session 56 (H200, d64, end to end against the
