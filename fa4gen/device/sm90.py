@@ -67,6 +67,18 @@ CHUNK_THREADS = 128
 CHUNK_VEC = 4  # fp32 per 128-bit store
 
 
+def consumer_wait(pipe, state):
+    """`pipe.consumer_wait(state)` as a module function: inside a kernel's dynamic branch CuTe-DSL counts an object
+    whose method the branch calls as written there and threads it through the branch's yields (trace time); an
+    argument is only read (the persistent forward's guarded steps, templates/sm90/_steps.j2)."""
+    pipe.consumer_wait(state)
+
+
+def consumer_release(pipe, state):
+    """`pipe.consumer_release(state)` as a module function (see consumer_wait)."""
+    pipe.consumer_release(state)
+
+
 def dq_transposed(tile_m: int) -> bool:
     """Whether the backward computes dQᵀ = Kᵀ·dSᵀ (head-dim rows, query columns): when tile_m is not a
     multiple of 64, the WGMMA row granule (80-row tiles)."""

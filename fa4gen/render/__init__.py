@@ -52,6 +52,23 @@ def _pystr(value: str) -> str:
     return json.dumps(str(value))
 
 
+# `module_calls` (templates/sm90/_steps.j2 guarded): these method calls of template text, as calls of module functions
+# (fa4gen/device/sm90.py) on the same objects. A fixed table of literal template text, never spec text.
+_MODULE_CALLS = tuple(
+    (f"{obj}.{method}(", f"hopper.{function}({obj}, ")
+    for obj, method, function in (
+        ("pipe_k", "consumer_wait", "consumer_wait"), ("pipe_v", "consumer_wait", "consumer_wait"),
+        ("pipe_k", "consumer_release", "consumer_release"), ("pipe_v", "consumer_release", "consumer_release"),
+    )
+)
+
+
+def _module_calls(text: str) -> str:
+    for old, new in _MODULE_CALLS:
+        text = text.replace(old, new)
+    return text
+
+
 def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir)),
@@ -64,6 +81,7 @@ def make_environment(templates_dir: Path = TEMPLATES_DIR) -> jinja2.Environment:
     env.filters["py"] = _py
     env.filters["ident"] = _ident
     env.filters["pystr"] = _pystr
+    env.filters["module_calls"] = _module_calls
     return env
 
 

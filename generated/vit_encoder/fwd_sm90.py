@@ -251,7 +251,7 @@ class FlashFwdSm90:
                             cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
                         warpgroup.commit_group()
                         warpgroup.wait_group(0)
-                        pipe_k.consumer_release(kv_state)
+                        hopper.consumer_release(pipe_k, kv_state)
                         if (n_block + 1) * TILE_N > seqlen_k:
                             softmax.mask_columns(s_rc, tScS_rc, seqlen_k - n_block * TILE_N)
                         softmax.online_softmax_step(
@@ -262,7 +262,7 @@ class FlashFwdSm90:
                         # conversions below it, where they ran as one burst at the block's end (frag.convert)
                         frag.convert(tOrP_c, acc_S, pinned=True)
                     else:
-                        pipe_k.consumer_release(kv_state)
+                        hopper.consumer_release(pipe_k, kv_state)
                 for i in cutlass.range(n_max - 1 - n_min, unroll=1):
                     n_block = n_max - 2 - i
                     v_state = kv_state.clone()
@@ -279,7 +279,7 @@ class FlashFwdSm90:
                             tiled_mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
                             cute.gemm(tiled_mma_qk, acc_S, tSrQ_0[None, None, k], tSrK_kv[None, None, k], acc_S)
                         warpgroup.commit_group()
-                        pipe_v.consumer_wait(v_state)
+                        hopper.consumer_wait(pipe_v, v_state)
                         warpgroup.fence()
                         tOrV_st = tOrV[None, None, None, v_state.index]
                         for k in cutlass.range_constexpr(TILE_N // 16):
@@ -288,23 +288,23 @@ class FlashFwdSm90:
                         cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
                         warpgroup.wait_group(1)
-                        pipe_k.consumer_release(kv_state)
+                        hopper.consumer_release(pipe_k, kv_state)
                         softmax.online_softmax_step(
                             s_rc, rows, scale_log2, threshold=RESCALE_THRESHOLD, poly_every=POLY_EVERY, poly_coeffs=POLY_COEFFS,
                             is_first=False,
                         )
                         warpgroup.wait_group(0)
-                        pipe_v.consumer_release(v_state)
+                        hopper.consumer_release(pipe_v, v_state)
                         # P before the O rescale, pinned there: the conditional rescale is a branch, and LLVM sank the
                         # conversions below it, where they ran as one burst at the block's end (frag.convert)
                         frag.convert(tOrP_c, acc_S, pinned=True)
                         softmax.rescale_rows(o_rc, rows, vote=RESCALE_VOTE)
                     else:
-                        pipe_v.consumer_wait(v_state)
+                        hopper.consumer_wait(pipe_v, v_state)
                         cute.arch.barrier_arrive(barrier_id=PINGPONG_BARRIER + (wg_c + 1) % NUM_MMA_WG, number_of_threads=2 * 128)
 
-                        pipe_k.consumer_release(kv_state)
-                        pipe_v.consumer_release(v_state)
+                        hopper.consumer_release(pipe_k, kv_state)
+                        hopper.consumer_release(pipe_v, v_state)
 
                 # every S of this tile has completed (waited for in its block): Q's buffer is free
                 pipe_q.consumer_release(q_cstate)
@@ -312,7 +312,7 @@ class FlashFwdSm90:
                 if n_max > n_min:
                     # last P·V
                     if busy_wg:
-                        pipe_v.consumer_wait(kv_state)
+                        hopper.consumer_wait(pipe_v, kv_state)
                         warpgroup.fence()
                         tOrV_st = tOrV[None, None, None, kv_state.index]
                         for k in cutlass.range_constexpr(TILE_N // 16):
@@ -320,7 +320,7 @@ class FlashFwdSm90:
                         warpgroup.commit_group()
                         warpgroup.wait_group(0)
                     else:
-                        pipe_v.consumer_wait(kv_state)
+                        hopper.consumer_wait(pipe_v, kv_state)
                     pipe_v.consumer_release(kv_state)
                     kv_state.advance()
 
