@@ -273,6 +273,8 @@ def _model_calls(programs):
 def _text_calls(section):
     calls = set(re.findall(r"pipe_(\w+)\.(producer_acquire|producer_commit|consumer_wait|consumer_release|producer_tail)", section))
     calls |= {(name, "producer_acquire") for name in re.findall(r"bw\.load_stage\(pipe_(\w+)", section)}
+    # the guarded steps' pipeline calls as module functions (fa4gen.device.sm90.consumer_wait / consumer_release)
+    calls |= {(name, method) for method, name in re.findall(r"hopper\.(consumer_wait|consumer_release)\(pipe_(\w+)", section)}
     return calls
 
 
