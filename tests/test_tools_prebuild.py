@@ -104,6 +104,13 @@ def test_bench_window_rows_are_gemma_style_specs_with_exact_flops():
     assert bench._causal_keys(4096, 4095) == 4096 * 4096 / 2  # the window covers the whole row: causal's count
     assert bench._causal_keys(8, 2) == (1 + 2 + 3) + 5 * 3  # rows 0-2 see 1-3 keys, rows 3-7 three each
     assert bench._causal_keys(8, None) == 32
+    # with --bwd the backward rows get the window too (the full rows none), named apart from the causal ones
+    rows = bench.run_specs(SimpleNamespace(**{**vars(args), "bwd": True, "deterministic": True}))
+    bwd_full, det_full, bwd_win, det_win = (r for r in rows if r["name"].startswith("bench_bwd"))
+    assert bwd_full["mask"] == det_full["mask"] == {"kind": "none"} and "_w" not in bwd_full["name"]
+    assert bwd_win["mask"] == det_win["mask"] == {"kind": "sliding_window", "left": 4095, "right": 0}
+    assert bwd_win["name"].endswith("_w4095") and det_win["deterministic"] and not bwd_win["deterministic"]
+    assert spec_from_dict(bwd_win, source="<dict>").mask.left == 4095
     # --chunk: the causal row a chunked mask (flash-attn-4 stays causal, a clock reference)
     args.window, args.chunk = None, 2048
     _, chunked = bench.run_specs(args)

@@ -156,7 +156,8 @@ def _causal_keys(s: int, window: int | None, chunk: int | None = None) -> float:
 
 
 def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, dv: int | None = None,
-              softcap: float = 0.0, gqa: bool = False) -> dict:
+              softcap: float = 0.0, gqa: bool = False, window: int | None = None) -> dict:
+    """The backward spec of a grid row (window: the causal rows as sliding windows, as in _fwd_spec)."""
     if DQ_HANDOFF:
         atomic = False
     elif DET_DQ_ATOMIC if deterministic else DQ_ATOMIC:
@@ -166,10 +167,13 @@ def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, 
     name = (f"bench_bwd{'_det' if deterministic else ''}{'_swap' if swap_ab else ''}"
             f"{'' if atomic is None else '_atomic' if atomic else '_handoff'}"
             f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
-            f"{'_gqa' if gqa else ''}")
+            f"{'_gqa' if gqa else ''}{f'_w{window}' if causal and window is not None else ''}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({} if atomic is None else {"bwd_dq_atomic": atomic})
+    mask = {"kind": "causal" if causal else "none"}
+    if causal and window is not None:
+        mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
-                mask={"kind": "causal" if causal else "none"}, softcap=softcap,
+                mask=mask, softcap=softcap,
                 backward=True, deterministic=deterministic, allow_gqa=gqa, pipeline=pipeline)
 
 
@@ -249,7 +253,7 @@ def row_specs(args, d: int, dv: int, causal: bool) -> tuple[dict, dict | None, d
     backward (--deterministic), None where the run has none."""
     def bwd(deterministic: bool) -> dict:
         return _bwd_spec(d, causal, deterministic, args.bwd_swap_ab, dv, args.softcap,
-                         args.gqa > 1 or args.bwd_allow_gqa)
+                         args.gqa > 1 or args.bwd_allow_gqa, args.window)
 
     fwd = _fwd_spec(d, causal, dv, args.tile_m, args.softcap, args.tile_n, args.window, args.fwd_lse,
                     args.kv_stages, args.pipeline, args.chunk)
@@ -281,7 +285,7 @@ def main():
                     help="logit softcap of every spec (flash-attn-4 gets the same; SDPA has none, so its columns stay empty)")
     ap.add_argument("--window", type=int, default=None, metavar="LEFT",
                     help="the causal rows as sliding windows: LEFT keys left of the diagonal, none right (Gemma 2's "
-                         "local layers: 4095); flash-attn-4 gets window_size=(LEFT, 0); forward only")
+                         "local layers: 4095); flash-attn-4 gets window_size=(LEFT, 0); with --bwd the backward rows too")
     ap.add_argument("--chunk", type=int, default=None, metavar="KEYS",
                     help="the causal rows as a chunked mask of KEYS keys (Llama 4's local layers: 8192); flash-attn-4 "
                          "has no chunked mask and runs causal (its TFLOP/s count causal's pairs), as a same-run clock "
@@ -345,8 +349,8 @@ def main():
     skip = {name for name in args.skip.split(",") if name}
     if not skip <= {"cudnn", "sdpa_flash"}:
         raise SystemExit(f"--skip: expected a comma list of cudnn, sdpa_flash; got {args.skip!r}")
-    if args.window is not None and (args.window < 0 or args.bwd):
-        raise SystemExit(f"--window: expected a key count >= 0, forward only (not with --bwd); got {args.window}")
+    if args.window is not None and args.window < 0:
+        raise SystemExit(f"--window: expected a key count >= 0; got {args.window}")
     if args.chunk is not None and (args.chunk < 1 or args.bwd or args.window is not None):
         raise SystemExit(f"--chunk: expected a key count >= 1, forward only (not with --bwd or --window); got {args.chunk}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
@@ -483,9 +487,10 @@ def main():
                     if det_pkg is not None:
                         bwd_impls["fa4gen_det"] = det_pkg.attention
                     if fa4 is not None:
-                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **fa4_kw))
+                        bwd_impls["fa4"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, **fa4_kw, **fa4_win))
                         if det_pkg is not None:  # the deterministic columns side by side
-                            bwd_impls["fa4_det"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, deterministic=True, **fa4_kw))
+                            bwd_impls["fa4_det"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal, deterministic=True,
+                                                                              **fa4_kw, **fa4_win))
                     bwd_columns(res, bwd_impls, q, k, v, flops, args.repeats)
                 rows.append(res)
                 print(json.dumps(res), flush=True)
