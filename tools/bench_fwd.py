@@ -117,6 +117,16 @@ def _pipeline_field(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"{field}: the value is not JSON ({err.msg}): {value!r}") from None
 
 
+def _row_mask(causal: bool, window: int | None = None, chunk: int | None = None) -> dict:
+    """A grid row's mask: none, or causal, whose rows become a sliding window of `window` keys left of the diagonal
+    (none right) or a chunked mask of `chunk` keys."""
+    if causal and window is not None:
+        return {"kind": "sliding_window", "left": window, "right": 0}
+    if causal and chunk is not None:
+        return {"kind": "chunked", "chunk_size": chunk}
+    return {"kind": "causal" if causal else "none"}
+
+
 def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softcap: float = 0.0,
               tile_n="auto", window: int | None = None, lse: bool = False, kv_stages="auto",
               pipeline: dict | None = None, chunk: int | None = None) -> dict:
@@ -128,11 +138,7 @@ def _fwd_spec(d: int, causal: bool, dv: int | None = None, tile_m="auto", softca
     dv = dv or d
     extra = dict(pipeline or {})
     tag = f"_p{zlib.crc32(json.dumps(extra, sort_keys=True).encode()):08x}" if extra else ""
-    mask = {"kind": "causal" if causal else "none"}
-    if causal and window is not None:
-        mask = {"kind": "sliding_window", "left": window, "right": 0}
-    if causal and chunk is not None:
-        mask = {"kind": "chunked", "chunk_size": chunk}
+    mask = _row_mask(causal, window, chunk)
     return dict(name=f"bench_d{d}{f'x{dv}' if dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
                      f"{f'_m{tile_m}' if tile_m != 'auto' else ''}{f'_n{tile_n}' if tile_n != 'auto' else ''}"
                      f"{f'_s{kv_stages}' if kv_stages != 'auto' else ''}{tag}"
@@ -169,11 +175,8 @@ def _bwd_spec(d: int, causal: bool, deterministic: bool, swap_ab: bool = False, 
             f"_d{d}{f'x{dv}' if dv and dv != d else ''}_{'causal' if causal else 'full'}{'_sc' if softcap else ''}"
             f"{'_gqa' if gqa else ''}{f'_w{window}' if causal and window is not None else ''}")
     pipeline = ({"bwd_swap_ab": True} if swap_ab else {}) | ({} if atomic is None else {"bwd_dq_atomic": atomic})
-    mask = {"kind": "causal" if causal else "none"}
-    if causal and window is not None:
-        mask = {"kind": "sliding_window", "left": window, "right": 0}
     return dict(name=name, targets=["sm90"], dtype="bf16", head_dim=d, head_dim_v=dv or d,
-                mask=mask, softcap=softcap,
+                mask=_row_mask(causal, window), softcap=softcap,
                 backward=True, deterministic=deterministic, allow_gqa=gqa, pipeline=pipeline)
 
 
