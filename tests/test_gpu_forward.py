@@ -192,17 +192,17 @@ def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
-    query rows on run the one-CTA-per-tile twin (fwd_sm90_long; masked d64 specs: their 192-row kernel from
+    query rows on (d64 without a mask: PERSISTENT_MAX_SEQLEN_Q_192) run the one-CTA-per-tile twin (fwd_sm90_long; masked d64 specs: their 192-row kernel from
     LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j; chunked calls whose
     chunks hold whole tiles and end in a partial one split each pair's tiles, schedule.chunk_ramp); seqlen_k below
     seqlen_q leaves causal rows without keys (bottom-right)."""
-    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
+    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q_192
 
     pkg, lock, spec, dtype, d, dv, gen = _setup(name, 1)
     op = pkg._forward
     (long_plan,) = op.long_plans["sm90"]
     long_q = long_plan["min_seqlen_q"]
-    assert long_q <= PERSISTENT_MAX_SEQLEN_Q, long_q
+    assert long_q <= PERSISTENT_MAX_SEQLEN_Q_192, long_q
     kind = spec["mask"]["kind"]
     masked = kind != "none"
     shapes = [(4, 1000, 777, 16, 4), (3, 2048, 1500, 12, 12), (3, long_q - 1, 300, 8, 1), (1, long_q, 333, 4, 1)]
@@ -256,14 +256,14 @@ def test_persistent_forward_strides_over_many_tiles(name):
 
 @pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d64_none_q1"])
 def test_rows128_twin_runs_the_lengths_that_pad_192_row_tiles_worst(name):
-    """d <= 64 without a mask: calls whose seqlen_q lies in the plan's seqlen_q_ranges (1-128, 193-256, 577-640;
-    ViT-B/16's 197 tokens, ViT-L/14-336's 577) run the 128-row persistent twin fwd_sm90_rows128, the others the
+    """d <= 64 without a mask: calls whose seqlen_q lies in the plan's seqlen_q_ranges (1-128, 193-256; ViT-B/16's
+    197 tokens; ViT-L/14-336's 577 runs 192 rows since session 59) run the 128-row persistent twin fwd_sm90_rows128, the others the
     192-row forward; both against the reference, with more tiles than CTAs, partial tiles and s_k != s_q."""
     pkg, lock, spec, dtype, d, dv, gen = _setup(name, 3)
     op = pkg._forward
     (twin,) = op.range_plans["sm90"]
     assert twin["module"] == "fwd_sm90_rows128" and twin["tile_m"] == 128 and op.plans["sm90"]["tile_m"] == 192
-    assert [tuple(r) for r in twin["seqlen_q_ranges"]] == [(1, 128), (193, 256), (577, 640)]
+    assert [tuple(r) for r in twin["seqlen_q_ranges"]] == [(1, 128), (193, 256)]
     shapes = [(8, 197, 197, 12, 12), (3, 577, 577, 16, 16), (2, 640, 700, 8, 8), (2, 641, 500, 8, 8),
               (16, 100, 300, 8, 8), (64, 1, 64, 4, 4), (4, 512, 512, 8, 8), (4, 192, 150, 8, 8), (4, 193, 193, 8, 8)]
     for b, s_q, s_k, h, h_kv in shapes:

@@ -611,7 +611,7 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     """Not packed, the forward is persistent when Q, the K/V stages and a separate O buffer fit shared
     memory (head dims 64-128 at the auto tiles), with a one-CTA-per-tile twin for long calls; d256 and
     (192, 128) stay one CTA per tile (their O must reuse Q's buffer), varlen the packed grid."""
-    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q
+    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q_192
 
     def fwd(hd, mask, pipeline=None, **kw):
         return plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline or {}, **kw)), "sm90")[0]
@@ -624,12 +624,16 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         buffers = (1 + p.q_stages) * p.tile_m * d * e + p.kv_stages * p.tile_n * 2 * d * e  # Q (1 or 2), O, K/V
         assert buffers <= _budget(p, "shared memory").used <= min(buffers + 1024, SMEM_LIMIT_SM90), hd
         assert p.q_stages == (2 if d <= 128 else 1), hd  # auto: two Q buffers up to d128
-        # long calls: the same tiles, one CTA per tile, from PERSISTENT_MAX_SEQLEN_Q on
+        # long calls: the same tiles, one CTA per tile, from PERSISTENT_MAX_SEQLEN_Q on (the 192-row kernel, which
+        # skips idle warpgroups: from PERSISTENT_MAX_SEQLEN_Q_192, session 59's A/Bs)
         plans = plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", none, {})), "sm90")
         if hd[0] <= 64:  # d64's 128-row twin for the lengths that pad 192-row tiles worst (the rows128 test)
             assert plans.pop().module == "fwd_sm90_rows128"
+        bound = PERSISTENT_MAX_SEQLEN_Q_192 if hd[0] <= 64 else PERSISTENT_MAX_SEQLEN_Q
+        assert (plans[0].tile_m, plans[0].skip_idle_warpgroups) == ((192, True) if hd[0] <= 64 else (128, False))
         assert [(q.module, q.scheduler, q.min_seqlen_q) for q in plans] == [
-            ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", PERSISTENT_MAX_SEQLEN_Q)]
+            ("fwd_sm90", "persistent", 0), ("fwd_sm90_long", "grid", bound)]
+        assert any(f"seqlen_q >= {bound} run fwd_sm90_long" in n for n in plans[0].notes), plans[0].notes
         same = {f.name for f in dataclasses.fields(KernelPlan)} - {
             "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q", "skip_idle_warpgroups",
             "q_stages"}
@@ -647,6 +651,10 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
     assert fwd((64, None), none, {"tile_n": 192, "tile_m": 128}).scheduler == "grid"
     assert fwd((64, None), none, {"tile_n": 160, "tile_m": 128}).scheduler == "persistent"
     assert fwd((128, None), none, {"kv_stages": 3}).scheduler == "grid"  # 3 stages + O: 224 KB + 32 KB
+    # 192 rows without the intra-warpgroup overlap: persistent, but no idle-warpgroup skip, so the 4096-row bound
+    plans = plan_kernels(spec_from_dict(_spec_dict(0, (64, None), "bf16", none, {"intra_wg_overlap": False})), "sm90")
+    assert (plans[0].tile_m, plans[0].scheduler, plans[0].skip_idle_warpgroups) == (192, "persistent", False)
+    assert (plans[1].module, plans[1].min_seqlen_q) == ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q)
     # masked: persistent too (units of two query tiles), twin longest-first; a masked d64 spec's twin is its
     # 192-row kernel for long calls
     for mask in ({"kind": "causal"}, {"kind": "sliding_window", "left": 100, "right": 0}, {"kind": "chunked", "chunk_size": 96}):
@@ -885,19 +893,23 @@ def test_forward_q_stages_two_buffers_in_the_persistent_forward_only():
 def test_forward_rows128_twin_for_the_lengths_that_pad_192_row_tiles_worst():
     """d <= 64 without a mask (tile_m auto: 192 rows, persistent) gets a 128-row persistent twin for the seqlen_q
     whose 192-row tiles compute more than ROWS128_RATE times the rows 128-row tiles do (session 49, H200: 128 rows
-    +36% at s197, +8% at s577; session 47: -2.5% at s512); masked, hand-set tile_m, varlen and larger head dims
-    have none. The twin is the hand-set tile_m 128 plan but for its module, dispatch ranges and note."""
-    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, ROWS128_RATE, rows128_ranges
+    +36% at s197, +8% at s577; session 47: -2.5% at s512), up to ROWS128_MAX_SEQLEN_Q (session 59, H100: with the
+    192-row kernel's idle-warpgroup skip, 577-640 run faster in 192-row tiles); masked, hand-set tile_m, varlen and
+    larger head dims have none. The twin is the hand-set tile_m 128 plan but for its module, dispatch ranges and note."""
+    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, ROWS128_MAX_SEQLEN_Q, ROWS128_RATE, rows128_ranges
 
     ranges = rows128_ranges()
-    assert ranges == ((1, 128), (193, 256), (577, 640))
+    assert ranges == ((1, 128), (193, 256))
     inside = {s for a, b in ranges for s in range(a, b + 1)}
     for s in range(1, PERSISTENT_MAX_SEQLEN_Q):
         pad128, pad192 = -(-s // 128) * 128, -(-s // 192) * 192
-        assert (s in inside) == (pad128 * ROWS128_RATE < pad192), s
-    assert {197, 577} <= inside and not {512, 1024, 257, 1025} & inside  # ViT lengths in, the grid's lengths out
-    # the rate decides: at 1.0 every length with fewer 128-row padded rows joins (385-512 among them)
-    assert (385, 512) in rows128_ranges(rate=1.0) and rows128_ranges(limit=200) == ((1, 128), (193, 199))
+        assert (s in inside) == (pad128 * ROWS128_RATE < pad192 and s <= ROWS128_MAX_SEQLEN_Q), s
+    assert 197 in inside and not {512, 577, 640, 1024, 257, 1025} & inside  # ViT-B's 197 in, ViT-L's 577 out
+    # the rate and the limit decide: at 1.0 every length with fewer 128-row padded rows joins (385-512 among them);
+    # below 4096 rows the rate alone would add 577-640
+    assert (385, 512) in rows128_ranges(limit=PERSISTENT_MAX_SEQLEN_Q, rate=1.0)
+    assert rows128_ranges(limit=PERSISTENT_MAX_SEQLEN_Q) == ((1, 128), (193, 256), (577, 640))
+    assert rows128_ranges(limit=200) == ((1, 128), (193, 199))
 
     def fwds(hd, mask, pipeline, **kw):
         return [p for p in plan_kernels(spec_from_dict(_spec_dict(0, hd, "bf16", mask, pipeline, **kw)), "sm90")
@@ -912,7 +924,7 @@ def test_forward_rows128_twin_for_the_lengths_that_pad_192_row_tiles_worst():
             "fwd_sm90_rows128", ranges, 0, ())
         assert twin == dataclasses.replace(hand, module=twin.module, seqlen_q_ranges=ranges, notes=twin.notes)
         assert twin.notes[-1].startswith("dispatch: the API runs this 128-row kernel for calls with seqlen_q in "
-                                         "1-128, 193-256, 577-640")
+                                         "1-128, 193-256 (")
     # no twin: masked (128 rows already), hand-set tile_m (either), varlen, head dims above 64
     assert [p.module for p in fwds((64, None), {"kind": "causal"}, {})] == ["fwd_sm90", "fwd_sm90_long"]
     for pipeline in ({"tile_m": 192}, {"tile_m": 128}):

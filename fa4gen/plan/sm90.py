@@ -178,7 +178,8 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
                      + (f", unless their chunks are shorter than {LONG_CHUNK_KEYS} keys"
                         if kind == "chunked" and persistent else ""))
     if persistent and not long_kernel:
-        notes.append(f"calls with seqlen_q >= {PERSISTENT_MAX_SEQLEN_Q} run fwd_sm90_long instead (one CTA per tile)")
+        notes.append(f"calls with seqlen_q >= {persistent_max_seqlen_q(tile_m, overlap)} run fwd_sm90_long instead "
+                     "(one CTA per tile)")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
@@ -266,6 +267,12 @@ LONG_CHUNK_KEYS = LONG_SEQLEN_Q
 # Masked (session 15, causal, against the longest-first grid): d128 +14% at 512, +7% at 1k, +2% at 2k; d64 (below
 # its 192-row kernel's LONG_SEQLEN_Q) +20% at 512, +13% at 1k.
 PERSISTENT_MAX_SEQLEN_Q = 4096
+# The 192-row persistent forward (d <= 64 without a mask), which lets a warpgroup without rows in a tile skip its
+# work (session 57), runs calls up to 8192 query rows. Same-run A/Bs, session 59 (H100, d64, the persistent kernel
+# pinned against the one-CTA-per-tile one, raw, two runs a side each): s4096 +3.6% / +3.6%, s5000 +0.9%, s8192
+# +4.7% / +3.4%, s16384 -3.1%. d128 (128 rows) read 1.004 / 0.988 / 0.996 at 4k / 8k / 16k in the same run: its
+# bound stays.
+PERSISTENT_MAX_SEQLEN_Q_192 = 8193
 
 
 # Where the persistent forward is planned: head dims up to 160 without a mask (64/96/128 ran on the H200 in sessions 14-15; 144 and
@@ -286,6 +293,13 @@ PERSISTENT_MASKED_REGS_CONSUMER = 232
 PERSISTENT_MAX_TILE_N = 160
 
 
+def persistent_max_seqlen_q(tile_m: int, overlap: bool) -> int:
+    """The seqlen_q from which a persistent forward of `tile_m` rows (its intra-warpgroup overlap on or off) hands
+    calls to its one-CTA-per-tile twin: PERSISTENT_MAX_SEQLEN_Q_192 for the 192-row kernel with the idle-warpgroup
+    skip (which needs the overlap when persistent), PERSISTENT_MAX_SEQLEN_Q otherwise."""
+    return PERSISTENT_MAX_SEQLEN_Q_192 if tile_m == 192 and overlap else PERSISTENT_MAX_SEQLEN_Q
+
+
 def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, elem: int) -> bool:
     return (not spec.varlen
             and max(spec.head_dim, spec.head_dim_v) <= (PERSISTENT_MAX_HEAD_DIM if spec.mask.kind == "none"
@@ -303,12 +317,14 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
     """The second forward kernel of a spec with `_has_long_kernel` (192 rows, for long calls) or with a persistent
     default forward (one CTA per tile, for long calls), else None."""
     if not _has_long_kernel(spec):
-        if plan_forward(spec).scheduler != "persistent":
+        default = plan_forward(spec)
+        if default.scheduler != "persistent":
             return None
+        bound = persistent_max_seqlen_q(default.tile_m, default.intra_wg_overlap)
         plan = plan_forward(spec, allow_persistent=False)
         note = (f"dispatch: the API runs this one-CTA-per-tile kernel for calls with seqlen_q >= "
-                f"{PERSISTENT_MAX_SEQLEN_Q}, the persistent fwd_sm90 below")
-        return replace(plan, module="fwd_sm90_long", min_seqlen_q=PERSISTENT_MAX_SEQLEN_Q, notes=(*plan.notes, note))
+                f"{bound}, the persistent fwd_sm90 below")
+        return replace(plan, module="fwd_sm90_long", min_seqlen_q=bound, notes=(*plan.notes, note))
     p = spec.pipeline
     plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}), allow_persistent=False)
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
@@ -337,18 +353,24 @@ def _window_bound(spec: AttentionSpec) -> int:
 # session 14) but pad a call whose seqlen_q fills its last tile poorly. Session 49 on the H200, d64 (fa4gen at 128 /
 # 192 rows, TFLOP/s of the true rows): s197 193.0 / 141.7 (two 192-row tiles compute 384 rows, two 128-row ones 256),
 # s577 335.6 / 311.9 (768 / 640); session 47, s512: 0.975 (576 / 512). So the per-row rate of 192 over 128 is ~1.10-1.18,
-# and a call runs 128 rows where 192's padded rows exceed 128's by more than ROWS128_RATE: seqlen_q 1-128, 193-256 and
+# and a call ran 128 rows where 192's padded rows exceed 128's by more than ROWS128_RATE: seqlen_q 1-128, 193-256 and
 # 577-640 below PERSISTENT_MAX_SEQLEN_Q (ViT-B/16's 197 tokens and ViT-L/14-336's 577 among them). Session 50 (same-run
 # A/B, 128 rows against the 192-row kernel): s512 / s1k, which 192 rows pad by 12.5%, 0.994 / 0.996, s1536 (no padding)
 # 0.906; the twin against 192 rows: s197 1.381, s577 1.078, s640 1.045, s100 1.344 (raw). Break-even near 12.5%: the rate stays.
+# Since session 57 the 192-row kernel's warpgroups without rows in a sequence's last tile skip their work, so a last
+# tile of 1-64 rows costs about three quarters of a full one instead of a whole one. Session 59 (H100, same-run A/Bs,
+# the 192-row kernel pinned against the twin, raw): s197 0.873 (the twin still wins where the partial tile is one of
+# two), s577 1.032 / 1.016 and s640 1.044 / 1.044 (one of four: the 192-row kernel wins). So the twin keeps the
+# lengths of at most two 192-row tiles (ROWS128_MAX_SEQLEN_Q): 1-128 and 193-256.
 ROWS128_RATE = 1.15
+ROWS128_MAX_SEQLEN_Q = 384
 
 
 def rows128_ranges(limit: int = 0, rate: float = ROWS128_RATE) -> tuple[tuple[int, int], ...]:
-    """The inclusive seqlen_q ranges below `limit` (default PERSISTENT_MAX_SEQLEN_Q) where 128-row tiles, at `rate`
-    times the per-row cost of 192-row ones, take less time: ceil(s / 128) * 128 * rate < ceil(s / 192) * 192."""
+    """The inclusive seqlen_q ranges below `limit` (default: up to ROWS128_MAX_SEQLEN_Q) where 128-row tiles, at
+    `rate` times the per-row cost of 192-row ones, take less time: ceil(s / 128) * 128 * rate < ceil(s / 192) * 192."""
     out: list[list[int]] = []
-    for s in range(1, limit or PERSISTENT_MAX_SEQLEN_Q):
+    for s in range(1, limit or ROWS128_MAX_SEQLEN_Q + 1):
         if -(-s // 128) * 128 * rate < -(-s // 192) * 192:
             if out and out[-1][1] == s - 1:
                 out[-1][1] = s
@@ -370,8 +392,9 @@ def plan_forward_rows128(spec: AttentionSpec) -> KernelPlan | None:
         return None
     ranges = rows128_ranges()
     shown = ", ".join(f"{a}-{b}" for a, b in ranges)
-    note = (f"dispatch: the API runs this 128-row kernel for calls with seqlen_q in {shown} (192-row tiles would "
-            f"compute more than {ROWS128_RATE}x its padded rows there), fwd_sm90 (192 rows) otherwise")
+    note = (f"dispatch: the API runs this 128-row kernel for calls with seqlen_q in {shown} (calls of at most "
+            f"{ROWS128_MAX_SEQLEN_Q} rows, where 192-row tiles would compute more than {ROWS128_RATE}x its padded "
+            "rows), fwd_sm90 (192 rows) otherwise")
     return replace(plan, module="fwd_sm90_rows128", seqlen_q_ranges=ranges, notes=(*plan.notes, note))
 
 
