@@ -151,17 +151,17 @@ def test_forward_kernel_is_picked_by_seqlen_q():
 
 def test_forward_kernel_is_picked_by_seqlen_q_range():
     """vit_encoder (d64, no mask): its 192-row persistent forward, the 128-row twin for seqlen_q in the plan's
-    ranges (1-128, 193-256, 577-640: ViT-B/16's 197 tokens, ViT-L/14-336's 577), the one-CTA-per-tile twin from
-    PERSISTENT_MAX_SEQLEN_Q on; `pinned` overrides."""
-    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q
+    ranges (1-128, 193-256: ViT-B/16's 197 tokens; ViT-L/14-336's 577 runs 192 rows), the one-CTA-per-tile twin
+    from PERSISTENT_MAX_SEQLEN_Q_192 on; `pinned` overrides."""
+    from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q_192
 
     op = _package("vit_encoder")._forward
     pick = lambda s: op.forward_plan("sm90", s)["module"]  # noqa: E731
-    lengths = (1, 128, 129, 192, 193, 197, 256, 257, 512, 576, 577, 640, 641, 1024, PERSISTENT_MAX_SEQLEN_Q - 1,
-               PERSISTENT_MAX_SEQLEN_Q)
+    lengths = (1, 128, 129, 192, 193, 197, 256, 257, 512, 576, 577, 640, 641, 1024, PERSISTENT_MAX_SEQLEN_Q,
+               PERSISTENT_MAX_SEQLEN_Q_192 - 1, PERSISTENT_MAX_SEQLEN_Q_192)
     twin, default, long = "fwd_sm90_rows128", "fwd_sm90", "fwd_sm90_long"
     assert [pick(s) for s in lengths] == [twin, twin, default, default, twin, twin, twin, default, default, default,
-                                          twin, twin, default, default, default, long]
+                                          default, default, default, default, default, default, long]
     assert [op.forward_plan("sm90", s)["tile_m"] for s in (197, 257)] == [128, 192]
     assert [p["module"] for p in op.kernel_plans("sm90") if p["direction"] == "fwd"] == [default, long, twin]
     with op.pinned(default):
@@ -193,15 +193,15 @@ def test_backward_kernel_is_picked_by_head_counts():
 
 
 def test_persistent_forward_gets_the_gpus_sm_count():
-    """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q query rows (its 128-row twin
+    """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q_192 query rows (its 128-row twin
     at the lengths that pad 192-row tiles worst), its one-CTA-per-tile twin from there on; the persistent one launches one CTA per SM of the call's GPU (the
     API's last run-time argument: an H100 PCIe's 114, an H20's 78, a MIG slice's), cached per device, and
     off CUDA the plan's compile-time stand-in (132)."""
-    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q
+    from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q_192
 
     op = _package("vit_encoder")._forward
     pick = lambda s: (op.forward_plan("sm90", s)["module"], op.forward_plan("sm90", s)["scheduler"])  # noqa: E731
-    assert [pick(s) for s in (1, 512, PERSISTENT_MAX_SEQLEN_Q - 1, PERSISTENT_MAX_SEQLEN_Q)] == [
+    assert [pick(s) for s in (1, 512, PERSISTENT_MAX_SEQLEN_Q_192 - 1, PERSISTENT_MAX_SEQLEN_Q_192)] == [
         ("fwd_sm90_rows128", "persistent")] + [("fwd_sm90", "persistent")] * 2 + [("fwd_sm90_long", "grid")]
     plan = op.plans["sm90"]
     assert plan["persistent_ctas"] == PERSISTENT_CTAS
