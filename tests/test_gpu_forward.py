@@ -192,8 +192,8 @@ def test_persistent_forward_strides_over_many_tiles(name):
     """SHAPES have fewer query tiles than the persistent grid's CTAs, so each CTA runs one; here every CTA
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
-    query rows on (d64 without a mask: PERSISTENT_MAX_SEQLEN_Q_192) run the one-CTA-per-tile twin (fwd_sm90_long; masked d64 specs: their 192-row kernel from
-    LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j; chunked calls whose
+    query rows on (d64 without a mask: PERSISTENT_MAX_SEQLEN_Q_192) run the one-CTA-per-tile twin
+    (fwd_sm90_long; masked d64 specs: their 192-row kernel from LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j; chunked calls whose
     chunks hold whole tiles and end in a partial one split each pair's tiles, schedule.chunk_ramp); seqlen_k below
     seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q_192
@@ -257,8 +257,9 @@ def test_persistent_forward_strides_over_many_tiles(name):
 @pytest.mark.parametrize("name", ["vit_encoder", "x_bf16_d64_none_q1"])
 def test_rows128_twin_runs_the_lengths_that_pad_192_row_tiles_worst(name):
     """d <= 64 without a mask: calls whose seqlen_q lies in the plan's seqlen_q_ranges (1-128, 193-256; ViT-B/16's
-    197 tokens; ViT-L/14-336's 577 runs 192 rows since session 59) run the 128-row persistent twin fwd_sm90_rows128, the others the
-    192-row forward; both against the reference, with more tiles than CTAs, partial tiles and s_k != s_q."""
+    197 tokens; ViT-L/14-336's 577 runs 192 rows since session 59) run the 128-row persistent twin
+    fwd_sm90_rows128, the others the 192-row forward; both against the reference, with more tiles than CTAs,
+    partial tiles and s_k != s_q."""
     pkg, lock, spec, dtype, d, dv, gen = _setup(name, 3)
     op = pkg._forward
     (twin,) = op.range_plans["sm90"]

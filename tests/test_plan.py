@@ -895,7 +895,8 @@ def test_forward_rows128_twin_for_the_lengths_that_pad_192_row_tiles_worst():
     whose 192-row tiles compute more than ROWS128_RATE times the rows 128-row tiles do (session 49, H200: 128 rows
     +36% at s197, +8% at s577; session 47: -2.5% at s512), up to ROWS128_MAX_SEQLEN_Q (session 59, H100: with the
     192-row kernel's idle-warpgroup skip, 577-640 run faster in 192-row tiles); masked, hand-set tile_m, varlen and
-    larger head dims have none. The twin is the hand-set tile_m 128 plan but for its module, dispatch ranges and note."""
+    larger head dims have none. The twin is the hand-set tile_m 128 plan but for its module, dispatch ranges and
+    note."""
     from fa4gen.plan.sm90 import PERSISTENT_MAX_SEQLEN_Q, ROWS128_MAX_SEQLEN_Q, ROWS128_RATE, rows128_ranges
 
     ranges = rows128_ranges()
