@@ -1,6 +1,7 @@
-"""tools/ncu_compare.py reads Nsight Compute's source-page CSV export (one block per kernel) on any
-machine; a hand-written two-kernel export checks its parsing and per-opcode sums."""
+"""tools/ncu_compare.py reads Nsight Compute's source-page CSV export (one block per kernel) and its details-page
+text on any machine; hand-written two-kernel exports check the parsing, the per-opcode sums and the cycle table."""
 
+import pytest
 from conftest import load_tool
 
 HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed",'
@@ -38,3 +39,53 @@ def test_ncu_compare_sums_per_opcode_and_per_iteration():
     # the 100x HGMMA and UMOV form one group (32 of 40 samples), the 50x STS another, the 1x EXIT a third
     assert tool.by_count(rows) == [(100.0, (2, 32.0, 200.0)), (50.0, (1, 8.0, 50.0)), (1.0, (1, 0.0, 1.0))]
     assert "x100           2 instructions   80.0% of stall samples,  79.7% of instructions executed" in out
+
+
+DETAILS = """[507] python3.12@127.0.0.1
+  kernel_cutlass_kernel_ours_FlashBwdSm90_1 (8, 16, 16)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    SM Frequency                    Ghz         1.75
+    Elapsed Cycles                cycle    1,076,365
+    DRAM Throughput                   %        25.57
+    Duration                         us       609.86
+    L2 Cache Throughput               %        78.40
+    Compute (SM) Throughput           %        63.31
+    Section: Launch Statistics
+    Block Size                                                   384
+    Registers Per Thread             register/thread             168
+  theirs_bwd (16, 16, 8)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    SM Frequency                    Ghz         1.69
+    Elapsed Cycles                cycle    1,046,954
+    Duration                         ms         0.61
+    DRAM Throughput                   %        32.21
+"""
+
+
+def test_ncu_compare_details_reads_cycles_and_clocks(tmp_path, capsys):
+    """The details page: per kernel its fields (a unit-less row skipped, a duration in ms turned into µs), and the
+    table's cycles over the first kernel's — the comparison that holds when the two ran at different clocks."""
+    tool = _tool()
+    found = tool.details(DETAILS)
+    assert [name for name, _ in found] == ["kernel_cutlass_kernel_ours_FlashBwdSm90_1", "theirs_bwd"]
+    assert found[0][1] == {"sm_ghz": 1.75, "cycles": 1076365.0, "dram_pct": 25.57, "duration": 609.86,
+                           "l2_pct": 78.4, "compute_pct": 63.31, "registers": 168.0}
+    assert found[1][1] == {"sm_ghz": 1.69, "cycles": 1046954.0, "duration": 610.0, "dram_pct": 32.21}
+    table = tool.details_table(found)
+    assert "| ours_FlashBwdSm90_1 | 609.86 | 1.75 | 1,076,365 | 1.000 | 25.6 | 78.4 | 63.3 | 168 |" in table
+    assert "| theirs_bwd | 610.00 | 1.69 | 1,046,954 | 0.973 | 32.2 | - | - | - |" in table
+    path = tmp_path / "details.txt"
+    path.write_text(DETAILS)
+    assert tool.main(["--details", str(path)]) == 0
+    assert "0.973" in capsys.readouterr().out
+    # no kernel in the file, or no file at all: a usage error naming what was expected
+    empty = tmp_path / "empty.txt"
+    empty.write_text("==PROF== nothing profiled\n")
+    with pytest.raises(SystemExit) as err:
+        tool.main(["--details", str(empty)])
+    assert err.value.code == 2 and "expected `ncu -i" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:
+        tool.main([])
+    assert err.value.code == 2 and "give a source-page CSV export" in capsys.readouterr().err

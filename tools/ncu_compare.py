@@ -5,11 +5,18 @@ tools/bwd_ncu.py): per kernel, instructions executed by opcode with their shared
 iteration (those executed at least half as often as the most frequent HGMMA), the stall samples of each
 group of instructions executed equally often (`by_count`: per key block, per tile, ...), and the top stall
 sites. Runs anywhere (no GPU): `python3 tools/ncu_compare.py ncu.csv [--top 25]`.
+
+`--details FILE` reads a details-page text export instead (`ncu -i report.ncu-rep --page details > FILE`, or the
+report ncu prints without `--page`): per kernel its duration, SM clock, elapsed cycles, DRAM / L2 / compute
+throughput and registers, with each kernel's cycles over the first kernel's. Profiled with `--clock-control none`
+the kernels may run at different clocks (session 59: a backward 0.4% shorter in µs than flash-attn-4's took 2.8% more
+cycles), so compare cycles. Both files may be given (`ncu.csv --details details.txt`).
 """
 
 import argparse
 import csv
 import io
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -101,14 +108,70 @@ def report(name: str, rows: list[dict], top: int) -> str:
     return "\n".join(out)
 
 
+# a details-page kernel header: "  <name> (grid)x(block), Context 1, Stream 7, Device 0, CC 9.0"
+_KERNEL_LINE = re.compile(r"^  (\S+) \(([\d, ]+)\)x\(([\d, ]+)\), Context")
+# a metric row: name, unit (absent for counts such as Block Size), value
+_METRIC_LINE = re.compile(r"^ {4}(\S.*?) {2,}(?:(\S+) {2,})?([\d,]+(?:\.\d+)?)\s*$")
+DETAILS = (("Duration", "duration"), ("SM Frequency", "sm_ghz"), ("Elapsed Cycles", "cycles"),
+           ("DRAM Throughput", "dram_pct"), ("L2 Cache Throughput", "l2_pct"),
+           ("Compute (SM) Throughput", "compute_pct"), ("Registers Per Thread", "registers"))
+
+
+def details(text: str) -> list[tuple[str, dict[str, float]]]:
+    """(kernel name, {field: value}) per kernel of a details-page export, the fields of DETAILS that it holds
+    (duration in µs whatever unit ncu printed)."""
+    names = dict(DETAILS)
+    out: list[tuple[str, dict[str, float]]] = []
+    for line in text.splitlines():
+        head = _KERNEL_LINE.match(line)
+        if head:
+            out.append((head.group(1), {}))
+            continue
+        row = _METRIC_LINE.match(line)
+        if not out or not row or row.group(1) not in names or names[row.group(1)] in out[-1][1]:
+            continue
+        value = float(row.group(3).replace(",", ""))
+        if row.group(1) == "Duration":
+            value *= {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}.get(row.group(2) or "us", 1.0)
+        out[-1][1][names[row.group(1)]] = value
+    return out
+
+
+def details_table(found: list[tuple[str, dict[str, float]]]) -> str:
+    """A markdown table of `details`, each kernel's elapsed cycles over the first kernel's."""
+    def cell(d: dict[str, float], key: str, fmt: str) -> str:
+        return format(d[key], fmt) if key in d else "-"
+
+    lines = ["| kernel | duration (µs) | SM clock (GHz) | elapsed cycles | cycles / first | DRAM % | L2 % | compute % "
+             "| registers |", "|---" * 9 + "|"]
+    first = found[0][1].get("cycles") if found else None
+    for name, d in found:
+        ratio = f"{d['cycles'] / first:.3f}" if first and "cycles" in d else "-"
+        short = name.removeprefix("kernel_cutlass_kernel_")[:50]
+        lines.append(f"| {short} | {cell(d, 'duration', ',.2f')} | {cell(d, 'sm_ghz', '.2f')} | {cell(d, 'cycles', ',.0f')} "
+                     f"| {ratio} | {cell(d, 'dram_pct', '.1f')} | {cell(d, 'l2_pct', '.1f')} | "
+                     f"{cell(d, 'compute_pct', '.1f')} | {cell(d, 'registers', '.0f')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("csv", type=Path)
+    ap.add_argument("csv", type=Path, nargs="?", help="a source-page CSV export")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--details", type=Path, default=None, help="a details-page text export (see the module doc)")
     args = ap.parse_args(argv)
-    for name, rows in kernels(args.csv.read_text()):
-        print(report(name, rows, args.top))
+    if args.csv is None and args.details is None:
+        ap.error("give a source-page CSV export, --details FILE, or both")
+    if args.details is not None:
+        found = details(args.details.read_text())
+        if not found:
+            ap.error(f"--details {args.details}: no kernel found (expected `ncu -i ... --page details` output)")
+        print(details_table(found))
         print()
+    if args.csv is not None:
+        for name, rows in kernels(args.csv.read_text()):
+            print(report(name, rows, args.top))
+            print()
     return 0
 
 
