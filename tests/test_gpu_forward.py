@@ -193,9 +193,9 @@ def test_persistent_forward_strides_over_many_tiles(name):
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
     query rows on (d64 without a mask: PERSISTENT_MAX_SEQLEN_Q_192) run the one-CTA-per-tile twin
-    (fwd_sm90_long; masked d64 specs: their 192-row kernel from LONG_SEQLEN_Q). Masked specs stride over units of two query tiles (j and num_m - 1 - j; chunked calls whose
-    chunks hold whole tiles and end in a partial one split each pair's tiles, schedule.chunk_ramp); seqlen_k below
-    seqlen_q leaves causal rows without keys (bottom-right)."""
+    (fwd_sm90_long; masked d64 specs: their 192-row kernel from LONG_SEQLEN_Q). Masked specs stride over units of
+    two query tiles (j and num_m - 1 - j; chunked calls whose chunks hold whole tiles and end in a partial one split
+    each pair's tiles, schedule.chunk_ramp); seqlen_k below seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q_192
 
     pkg, lock, spec, dtype, d, dv, gen = _setup(name, 1)

@@ -148,8 +148,8 @@ def details_table(found: list[tuple[str, dict[str, float]]]) -> str:
     for name, d in found:
         ratio = f"{d['cycles'] / first:.3f}" if first and "cycles" in d else "-"
         short = name.removeprefix("kernel_cutlass_kernel_")[:50]
-        lines.append(f"| {short} | {cell(d, 'duration', ',.2f')} | {cell(d, 'sm_ghz', '.2f')} | {cell(d, 'cycles', ',.0f')} "
-                     f"| {ratio} | {cell(d, 'dram_pct', '.1f')} | {cell(d, 'l2_pct', '.1f')} | "
+        lines.append(f"| {short} | {cell(d, 'duration', ',.2f')} | {cell(d, 'sm_ghz', '.2f')} | "
+                     f"{cell(d, 'cycles', ',.0f')} | {ratio} | {cell(d, 'dram_pct', '.1f')} | {cell(d, 'l2_pct', '.1f')} | "
                      f"{cell(d, 'compute_pct', '.1f')} | {cell(d, 'registers', '.0f')} |")
     return "\n".join(lines)
 
