@@ -27,20 +27,16 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$root/out/ncu}
 mkdir -p "$out"
 command -v ncu > /dev/null || { echo "ncu_cell: no ncu on PATH (source tools/device_env.sh on the GPU machine)" >&2; exit 2; }
-kernels='FlashBwdSm90|FlashAttentionBackwardSm90'
-count=2
+# the kernels bwd_ncu.py launches: fa4gen's and flash-attn-4's, one more for each of --swap / --det / --cudnn
+kernels='FlashBwdSm90|FlashAttentionBackwardSm90' extra='' count=2
 for arg in "$@"; do
   case $arg in
     --fwd) kernels='FlashFwdSm90|FlashAttentionForwardSm90' ;;
     --swap|--det) count=$((count + 1)) ;;
+    --cudnn) extra='|cudnn|sdpa|fmha' count=$((count + 1)) ;;
   esac
 done
-for arg in "$@"; do
-  if [[ $arg == --cudnn ]]; then
-    kernels="$kernels|cudnn|sdpa|fmha"
-    count=$((count + 1))
-  fi
-done
+kernels+=$extra
 report=$(mktemp -d)/report
 timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k "regex:$kernels" -c "$count" \
   --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \

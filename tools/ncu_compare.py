@@ -109,7 +109,7 @@ def report(name: str, rows: list[dict], top: int) -> str:
 
 
 # a details-page kernel header: "  <name> (grid)x(block), Context 1, Stream 7, Device 0, CC 9.0"
-_KERNEL_LINE = re.compile(r"^  (\S+) \(([\d, ]+)\)x\(([\d, ]+)\), Context")
+_KERNEL_LINE = re.compile(r"^  (\S+) \([\d, ]+\)x\([\d, ]+\), Context")
 # a metric row: name, unit (absent for counts such as Block Size), value
 _METRIC_LINE = re.compile(r"^ {4}(\S.*?) {2,}(?:(\S+) {2,})?([\d,]+(?:\.\d+)?)\s*$")
 DETAILS = (("Duration", "duration"), ("SM Frequency", "sm_ghz"), ("Elapsed Cycles", "cycles"),
