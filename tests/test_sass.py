@@ -407,3 +407,60 @@ def test_sass_loops_tool_counts_opcodes_per_loop():
     (ops,) = tool.loop_ops(sass)
     assert ops == {"UMOV": 2, "HGMMA": 1, "NANOSLEEP": 1, "BRA": 1}
     assert tool.loop_ops(sass, min_mma=2) == []
+
+
+def _hex_pair(addr: int, text: str, stall: int, other_bits: int = 0x000FE00000000800) -> list[str]:
+    """One instruction as `nvdisasm -hex` lists it: the low encoding word on the instruction's line, the high word
+    (stall count in bits 41-44, here among other control bits) on a comment line of its own."""
+    high = (other_bits & ~(0xF << 41)) | (stall << 41)
+    return [f"        /*{addr:04x}*/                   {text} ;                  /* 0x000000b800b87308 */",
+            f"                                                                 /* 0x{high:016x} */"]
+
+
+def test_stall_counts_come_from_the_high_word_and_sum_per_loop():
+    """fa4gen.compile.sass.with_stall_counts reads bits 41-44 of each instruction's second encoding word (the stall
+    count of the Volta-and-later control field; session 60 read 8 on back-to-back MUFU.EX2); tools/sass_loops.py
+    --cycles sums them per loop and over its MUFU.EX2 stream."""
+    from conftest import load_tool
+
+    from fa4gen.compile.sass import issue_cycles, loops, with_stall_counts
+
+    listing = "\n".join([
+        ".L_x_1:",
+        *_hex_pair(0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT", 1),
+        *_hex_pair(0x20, "FFMA R4, R4, UR4, -R5", 1),
+        *_hex_pair(0x30, "MUFU.EX2 R4, R4", 8),
+        *_hex_pair(0x40, "MUFU.EX2 R6, R6", 1),
+        *_hex_pair(0x50, "F2FP.BF16.F32.PACK_AB R8, R6, R4", 7),
+        *_hex_pair(0x60, "MUFU.EX2 R7, R7", 15),
+        *_hex_pair(0x70, "@P0 BRA `(.L_x_1)", 5),
+        *_hex_pair(0x80, "EXIT", 0),
+    ])
+    text = with_stall_counts(listing)
+    assert "0x000fe" not in text and text.count("/* stall ") == 8  # one line per instruction, the words dropped
+    assert "MUFU.EX2 R4, R4 ; /* stall 8 */" in text
+    (body,) = loops(text)
+    assert issue_cycles(body) == 1 + 1 + 8 + 1 + 7 + 15 + 5
+    tool = load_tool("sass_loops")
+    assert tool.loop_rows(text) == [(7, 1, 3, 0)]  # the listing still reads as disassemble's
+    (line,) = tool.loop_cycles(text)
+    assert "38 issue cycles" in line and "3 MUFU.EX2 over 31 cycles / 4 instructions" in line
+
+
+@pytest.mark.compile
+@needs_nvdisasm
+def test_disassemble_with_control_lists_every_instruction_once(tmp_path, monkeypatch):
+    """The control listing of a real sm_90a cubin holds the same instructions as the plain one, each with a stall
+    count in 0..15, some of them nonzero."""
+    import re
+
+    from fa4gen.compile.sass import disassemble_with_control, instruction_lines
+
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    result = aot.compile_kernel(build_fn=_build_gemm, arch="sm_90a", name="gemm_tile", cache=DiskCache(),
+                                key=_key("sm_90a", "control"), keep_sass=False)
+    (cubin,) = extract_cubins(DiskCache().get(result.key).artifact_path.read_bytes())
+    plain, control = disassemble(cubin), disassemble_with_control(cubin)
+    stalls = [int(s) for s in re.findall(r"/\* stall (\d+) \*/", control)]
+    assert instruction_lines(control) == instruction_lines(plain)
+    assert len(stalls) == len(instruction_lines(plain)) and all(0 <= s <= 15 for s in stalls) and max(stalls) > 1

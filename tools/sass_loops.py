@@ -6,7 +6,10 @@ MUFU.EX2 than the mask-free one).
 Run: `PYTHONPATH=. python tools/sass_loops.py specs/llama3_8b.yaml` (or a JSON spec dict in place of
 the path: '{"name": "x", "targets": ["sm90"], "dtype": "bf16", "head_dim": 64, "mask": {"kind": "causal"}}').
 Loops are listed outermost-last as they appear in the listing; nested loops appear inside their
-parents' counts too.
+parents' counts too. `--cycles` adds each loop's static issue cycles (the stall counts ptxas encoded, summed:
+one warp's issue time for an iteration without any barrier or scoreboard wait) and the span of its MUFU.EX2
+stream in cycles and instructions: a stream of N MUFU.EX2 takes ~8N cycles on sm_90, and what runs in its issue
+gaps is free (session 60: the d128 causal backward's mask-free loop 1,068 cycles on main, flash-attn-4's 844).
 """
 
 import argparse
@@ -54,6 +57,20 @@ def loop_lines(sass_text: str, min_mma: int = 1, ops: int = 0) -> list[str]:
     return lines
 
 
+def loop_cycles(control_text: str, min_mma: int = 1) -> list[str]:
+    """Per loop of a `fa4gen.compile.sass.disassemble_with_control` listing: its instructions, static issue
+    cycles, and its MUFU.EX2 stream (first to last) in cycles and instructions."""
+    from fa4gen.compile.sass import issue_cycles
+
+    lines = []
+    for body, _ in _mma_loops(control_text, min_mma):
+        ex2 = [i for i, b in enumerate(body) if "MUFU.EX2" in b]
+        stream = (f"{len(ex2)} MUFU.EX2 over {issue_cycles(body[ex2[0]:ex2[-1] + 1])} cycles / "
+                  f"{ex2[-1] - ex2[0] + 1} instructions" if ex2 else "no MUFU.EX2")
+        lines.append(f"    loop: {len(body):5d} instructions  {issue_cycles(body):5d} issue cycles  {stream}")
+    return lines
+
+
 def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
     """Opcode (without modifiers or predicate) counts per loop, for the loops `loop_rows` lists."""
     from fa4gen.compile.sass import summarize_sass
@@ -69,9 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", type=int, default=0, metavar="N",
                     help="also print each loop's N most frequent opcodes (e.g. the uniform-datapath address math)")
     ap.add_argument("--dump", type=Path, default=None, help="also write each kernel's SASS listing into this folder")
+    ap.add_argument("--cycles", action="store_true",
+                    help="also print each loop's static issue cycles and MUFU.EX2 stream (from the control codes)")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     from fa4gen.builder import compile_for_sass, plan_spec
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.elf import extract_cubins
+    from fa4gen.compile.sass import disassemble_with_control
 
     spec = _spec(args.spec)
     plans, _ = plan_spec(spec, archs=args.arch)
@@ -88,6 +110,14 @@ def main(argv=None) -> int:
                 (args.dump / f"{spec.name}.{plan.module}.sass").write_text(sass)
             for line in loop_lines(sass, args.min_mma, args.ops):
                 print(line)
+            if args.cycles:
+                entry = next(e for e in DiskCache(Path(tmp) / "cache").ls()
+                             if e.meta.get("name") == f"{spec.name}.{plan.module}")
+                control = "\n".join(disassemble_with_control(c) for c in extract_cubins(entry.artifact_path.read_bytes()))
+                if args.dump is not None:
+                    (args.dump / f"{spec.name}.{plan.module}.control.sass").write_text(control)
+                for line in loop_cycles(control, args.min_mma):
+                    print(line)
     return 0
 
 

@@ -218,6 +218,59 @@ def instruction_lines(sass_text: str) -> list[str]:
             for line in sass_text.splitlines() if _SASS_LINE_RE.match(line)]
 
 
+_HEX_WORD_RE = re.compile(r"/\*\s*(0x[0-9a-f]{16})\s*\*/\s*$")
+
+
+def disassemble_with_control(cubin: bytes, *, nvdisasm: str | None = None) -> str:
+    """SASS of every function in ``cubin`` with each instruction's scheduling control (``nvdisasm -hex -c``, one
+    line per instruction): the stall count ptxas encoded ends each instruction line as ``/* stall N */``, the
+    encoding words are dropped, and everything else reads as :func:`disassemble`'s listing (so :func:`loops` works
+    on it). The stall count is the number of cycles the warp waits before issuing its next instruction (bits
+    105-108 of the 128-bit Volta-and-later encoding), whatever other warps do meanwhile; a loop's sum of them
+    (:func:`issue_cycles`) is its static issue time for one warp, without any wait on a barrier or a scoreboard."""
+    tool = nvdisasm or find_nvdisasm()
+    if tool is None:
+        raise NvdisasmNotFoundError("nvdisasm not found: install the test extra (pip install nvidia-cuda-nvdisasm)")
+    with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        proc = subprocess.run([tool, "-hex", "-c", str(path)], capture_output=True, text=True,
+                              timeout=NVDISASM_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{tool} -hex failed (exit {proc.returncode}): {proc.stderr.strip()[:2000]}")
+    return with_stall_counts(proc.stdout)
+
+
+def with_stall_counts(hex_listing: str) -> str:
+    """An ``nvdisasm -hex`` listing as one line per instruction ending in ``/* stall N */`` (see
+    :func:`disassemble_with_control`). An instruction's first line carries its low encoding word, the next line
+    (nothing but a comment) the high word, whose bits 41-44 hold the stall count."""
+    lines = hex_listing.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        low = _HEX_WORD_RE.search(line)
+        if _SASS_LINE_RE.match(line) and low and i + 1 < len(lines):
+            high = _HEX_WORD_RE.search(lines[i + 1])
+            if high and not _SASS_LINE_RE.match(lines[i + 1]):
+                stall = (int(high.group(1), 16) >> 41) & 0xF
+                out.append(f"{line[:low.start()].rstrip()} /* stall {stall} */")
+                i += 2
+                continue
+        out.append(line)
+        i += 1
+    return "\n".join(out) + "\n"
+
+
+_STALL_RE = re.compile(r"/\* stall (\d+) \*/")
+
+
+def issue_cycles(body: list[str]) -> int:
+    """Static issue cycles of instruction lines from :func:`disassemble_with_control`: their stall counts summed."""
+    return sum(int(m.group(1)) for line in body if (m := _STALL_RE.search(line)))
+
+
 def loops(sass_text: str, wait_returns: bool = True) -> list[list[str]]:
     """The instruction lines of every loop: a backward branch to a label above it (nested loops and
     out-of-line wait loops that branch back across others included), in listing order. With
