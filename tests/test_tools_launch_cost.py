@@ -125,6 +125,29 @@ def test_compare_fa4_imports_flash_attn_4_from_its_wheels(tools_path, tmp_path, 
     assert autotuner.autotune(configs=[])(len) is len
 
 
+def test_compare_fa4_backward_needs_sm90_and_sums_loop_cycles(tools_path, capsys):
+    """tools/compare_fa4.py --backward compares the SM90 backwards only (a usage error names the fix), and its
+    --cycles column gives each MMA loop's instructions, static issue cycles and MUFU.EX2 stream cycles from a control
+    listing (fa4gen.compile.sass.disassemble_with_control's format), smallest loop first."""
+    compare_fa4 = importlib.import_module("compare_fa4")
+    with pytest.raises(SystemExit) as err:
+        compare_fa4.main(["--backward", "--arch", "sm100"])
+    assert err.value.code == 2 and "give --arch sm90" in capsys.readouterr().err
+
+    def line(addr, text, stall):
+        return f"        /*{addr:04x}*/                   {text} ; /* stall {stall} */"
+
+    control = "\n".join([
+        ".L_x_1:", line(0x10, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT", 1),
+        line(0x20, "MUFU.EX2 R4, R4", 8), line(0x30, "FADD R5, R6, -R7", 1), line(0x40, "MUFU.EX2 R8, R8", 1),
+        line(0x50, "@P0 BRA `(.L_x_1)", 5),
+        ".L_x_2:", line(0x60, "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], R24", 2), line(0x70, "@P1 BRA `(.L_x_2)", 3),
+        line(0x80, "EXIT", 0),
+    ])
+    assert compare_fa4.loop_issue_cycles(control) == "2/5/0, 5/16/10"
+    assert compare_fa4.loop_issue_cycles(None) == "no SASS"
+
+
 @pytest.mark.parametrize("package", ["llama3_8b", "qwen2_7b_packed"])
 def test_host_overhead_cpu_times_the_backward_call(tools_path, package, capsys):
     """tools/host_overhead_cpu.py --backward runs a committed package's backward call (dense, and packed with

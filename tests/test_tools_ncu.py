@@ -52,6 +52,7 @@ DETAILS = """[507] python3.12@127.0.0.1
     DRAM Throughput                   %        25.57
     Duration                         us       609.86
     L2 Cache Throughput               %        78.40
+    SM Active Cycles              cycle 1,046,385.94
     Compute (SM) Throughput           %        63.31
     Section: Launch Statistics
     Block Size                                                   384
@@ -71,15 +72,22 @@ def test_ncu_compare_details_reads_cycles_and_clocks(tmp_path, capsys):
     found = tool.details(DETAILS)
     assert [name for name, _ in found] == ["kernel_cutlass_kernel_ours_FlashBwdSm90_1", "theirs_bwd"]
     assert found[0][1] == {"sm_ghz": 1.75, "cycles": 1076365.0, "dram_pct": 25.57, "duration": 609.86,
-                           "l2_pct": 78.4, "compute_pct": 63.31, "registers": 168.0}
+                           "l2_pct": 78.4, "compute_pct": 63.31, "registers": 168.0, "active_cycles": 1046385.94}
     assert found[1][1] == {"sm_ghz": 1.69, "cycles": 1046954.0, "duration": 610.0, "dram_pct": 32.21}
     table = tool.details_table(found)
-    assert "| ours_FlashBwdSm90_1 | 609.86 | 1.75 | 1,076,365 | 1.000 | 25.6 | 78.4 | 63.3 | 168 |" in table
-    assert "| theirs_bwd | 610.00 | 1.69 | 1,046,954 | 0.973 | 32.2 | - | - | - |" in table
+    # SM-active cycles (their row's value follows the unit after one space) and the idle share they imply
+    assert "| ours_FlashBwdSm90_1 | 609.86 | 1.75 | 1,076,365 | 1.000 | 1,046,386 | 2.8% | 25.6 | 78.4 | 63.3 | 168 |" in table
+    assert "| theirs_bwd | 610.00 | 1.69 | 1,046,954 | 0.973 | - | - | 32.2 | - | - | - |" in table
     path = tmp_path / "details.txt"
     path.write_text(DETAILS)
     assert tool.main(["--details", str(path)]) == 0
     assert "0.973" in capsys.readouterr().out
+    # the same file xz-compressed, as docs/perf keeps exports
+    import lzma
+    packed = tmp_path / "details.txt.xz"
+    packed.write_bytes(lzma.compress(DETAILS.encode("utf-8")))
+    assert tool.main(["--details", str(packed)]) == 0
+    assert "| 2.8% |" in capsys.readouterr().out
     # no kernel in the file, or no file at all: a usage error naming what was expected
     empty = tmp_path / "empty.txt"
     empty.write_text("==PROF== nothing profiled\n")
@@ -89,3 +97,23 @@ def test_ncu_compare_details_reads_cycles_and_clocks(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         tool.main([])
     assert err.value.code == 2 and "give a source-page CSV export" in capsys.readouterr().err
+
+
+def test_ncu_compare_stall_ops_sums_one_reason_by_opcode(tmp_path, capsys):
+    """--stall-ops REASON: that reason's samples by opcode, as shares of all the kernel's samples; an unknown reason
+    is a usage error naming the reasons the export has."""
+    tool = _tool()
+    rows = tool.kernels(_block("ours", [
+        ("0x10", "      MUFU.EX2 R4, R4", "10", "100", "0", "0", "6", "4", "0"),
+        ("0x20", "      MUFU.EX2 R5, R5", "10", "100", "0", "0", "2", "8", "0"),
+        ("0x30", "@P0   STS.64 [R219], R152", "20", "50", "0", "0", "1", "19", "0"),
+    ]))[0][1]
+    line = tool.stall_ops(rows, "long_sb")
+    assert line == "  long_sb stalls 77.5% of samples, by opcode: STS 47.50%, MUFU 30.00%"
+    assert tool.stall_ops(rows, "barrier") == "  barrier stalls 22.5% of samples, by opcode: MUFU 20.00%, STS 2.50%"
+    with pytest.raises(SystemExit, match="no stall reason 'wait'.*barrier, long_sb"):
+        tool.stall_ops(rows, "wait")
+    path = tmp_path / "src.csv"
+    path.write_text(_block("ours", [("0x10", "      MUFU.EX2 R4, R4", "10", "100", "0", "0", "6", "4", "0")]))
+    assert tool.main([str(path), "--stall-ops", "barrier"]) == 0
+    assert "barrier stalls 60.0% of samples, by opcode: MUFU 60.00%" in capsys.readouterr().out

@@ -1,9 +1,13 @@
 """Compile flash-attn-4's own forward and fa4gen's on the CPU (sm_100a or sm_90a) and print their SASS
 side by side: static instruction counts, and with --loops the loops that issue MMAs (instructions, MMAs,
 MUFU.EX2 per loop body) — docs/SM100.md "Structural comparison with FlashAttention-4"; docs/PERF.md
-(session 11) for sm_90a.
+(session 11) for sm_90a. `--cycles` adds each loop's static issue cycles (the stall counts ptxas encodes, summed;
+tools/sass_loops.py --cycles). `--backward` (sm_90a) compares the backward main kernels instead: fa4gen's MHA
+training spec against flash-attn-4's `_flash_attn_bwd` (docs/PERF.md session 60); its static counts (TOTAL, HGMMA, ...)
+then cover our whole backward module (preprocess and dQ conversion included) against flash-attn-4's main kernel
+alone, so compare the loop columns.
 
-    .venv/bin/python tools/compare_fa4.py [--arch sm100|sm90] [--loops] [--markdown]
+    .venv/bin/python tools/compare_fa4.py [--arch sm100|sm90] [--loops] [--cycles] [--backward] [--markdown]
 
 Needs flash-attn-4 (pip install --no-deps flash_attn_4-*.whl; quack-kernels, einops) in the venv, or its wheels
 (`--fa4-wheel DIR`, default .device/anchors/ from ../shared/device/pack.sh --anchors when flash-attn-4 does not
@@ -39,6 +43,9 @@ CASES = [  # (label, head_dim, head_dim_v, causal)
     ("d128 causal", 128, 128, True),
     ("d192/128 causal", 192, 128, True),
 ]
+BWD_CASES = [("d64", 64, 64, False), ("d64 causal", 64, 64, True), ("d128", 128, 128, False),
+             ("d128 causal", 128, 128, True)]
+BACKWARD = False  # set by main() from --backward
 
 
 class _Device:
@@ -50,12 +57,14 @@ class _Device:
 
 
 def fa4_kernel(d: int, dv: int, causal: bool):
-    """(meta, SASS text, seconds) of FA4's forward as flash_attn_func would compile it for the arch."""
+    """(meta, SASS text, seconds, control listing) of FA4's forward as flash_attn_func would compile it for the
+    arch (with BACKWARD: the main kernel of its `_flash_attn_bwd`)."""
+    if BACKWARD:
+        return fa4_backward_kernel(d, dv, causal)
     import cutlass.utils
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4gen.compile.aot import export_object, inspect_object
     from flash_attn.cute import interface
 
     cutlass.utils.HardwareInfo = _Device
@@ -77,29 +86,71 @@ def fa4_kernel(d: int, dv: int, causal: bool):
         interface.flash_attn_func(q, k, v, causal=causal)
     seconds = time.perf_counter() - start
     (compiled,) = list(interface._flash_attn_fwd.compile_cache.cache.values())
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "fa4.o"
-        export_object(compiled, path)
-        meta, sass = inspect_object(path.read_bytes(), keep_sass=True)
+    meta, sass, control = _inspect(compiled)
     Kernel._setup_attributes = setup
     storage = getattr(seen[-1], "shared_storage", None) if seen else None
     meta["smem"] = storage.size_in_bytes() if storage is not None else "?"  # dynamic: not in the cubin
-    return meta, sass, seconds
+    return meta, sass, seconds, control
+
+
+def _inspect(compiled):
+    """(meta, SASS, control listing) of a `cute.compile` result, through its exported object."""
+    from fa4gen.compile.aot import export_object, inspect_object
+    from fa4gen.compile.elf import extract_cubins
+    from fa4gen.compile.sass import disassemble_with_control
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fa4.o"
+        export_object(compiled, path)
+        obj = path.read_bytes()
+    meta, sass = inspect_object(obj, keep_sass=True)
+    return meta, sass, "\n".join(disassemble_with_control(c) for c in extract_cubins(obj))
+
+
+def fa4_backward_kernel(d: int, dv: int, causal: bool):
+    """(meta, SASS text, seconds, control listing) of FA4's backward main kernel (sm_90a), as `_flash_attn_bwd`
+    compiles it for a bf16 MHA call (its preprocess and postprocess left out)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flash_attn.cute import interface
+
+    interface._flash_attn_bwd.compile_cache.clear()
+    start = time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = torch.empty(2, 4096, 16, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.empty(2, 4096, 16, dv, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 16, 4096, dtype=torch.float32, device="cuda")
+        interface._flash_attn_bwd(q, q, v, v, v, lse, None, causal, 0.0)
+    seconds = time.perf_counter() - start
+    (compiled,) = list(interface._flash_attn_bwd.compile_cache.cache.values())
+    meta, sass, control = _inspect(compiled)
+    meta["smem"] = "?"
+    return meta, sass, seconds, control
 
 
 def fa4gen_kernel(d: int, dv: int, causal: bool):
-    """(meta, SASS text, seconds, plan) of fa4gen's default forward for the arch, compiled here."""
+    """(meta, SASS text, seconds, plan, control listing) of fa4gen's default forward for the arch, compiled here
+    (with BACKWARD: the backward module of an MHA training spec, the benchmark's)."""
     from fa4gen.builder import compile_for_sass, plan_spec
+    from fa4gen.compile.cache import DiskCache
+    from fa4gen.compile.elf import extract_cubins
+    from fa4gen.compile.sass import disassemble_with_control
     from fa4gen.spec import spec_from_dict
 
     spec = spec_from_dict({"name": f"cmp_d{d}_{dv}_{int(causal)}", "targets": [ARCH], "dtype": "bf16",
-                           "head_dim": d, "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"}})
+                           "head_dim": d, "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"},
+                           **(dict(backward=True, allow_gqa=False) if BACKWARD else {})})
     plans, _ = plan_spec(spec, archs=[ARCH])
-    # the default forward (a masked d <= 64 spec also has a 192-row one for long calls)
-    ((plan, report, sass),) = compile_for_sass(spec, plans[:1], Path(tempfile.mkdtemp(prefix="fa4gen-cmp-")), "cmp")
+    # the default forward (a masked d <= 64 spec also has a 192-row one for long calls), or the backward
+    chosen = [p for p in plans if p.direction == "bwd"][:1] if BACKWARD else plans[:1]
+    root = Path(tempfile.mkdtemp(prefix="fa4gen-cmp-"))
+    ((plan, report, sass),) = compile_for_sass(spec, chosen, root, "cmp")
     if report.status == "failed":
         raise RuntimeError(report.detail)
-    return report.meta, sass, report.seconds, plan
+    entry = next(e for e in DiskCache(root / "cache").ls() if e.meta.get("name") == f"{spec.name}.{plan.module}")
+    control = "\n".join(disassemble_with_control(c) for c in extract_cubins(entry.artifact_path.read_bytes()))
+    return report.meta, sass, report.seconds, plan, control
 
 
 def mma_loops(sass: str | None) -> str:
@@ -109,6 +160,23 @@ def mma_loops(sass: str | None) -> str:
     if not sass:
         return "no SASS"
     return ", ".join(f"{n}/{m}/{e}" for n, m, e, _ in sorted(loop_rows(sass))[:4])
+
+
+def loop_issue_cycles(control: str | None) -> str:
+    """'instructions/issue cycles/MUFU.EX2 stream cycles' of each loop issuing MMAs, smallest first (a control
+    listing: fa4gen.compile.sass.disassemble_with_control)."""
+    from sass_loops import _mma_loops  # tools/, this script's folder
+
+    from fa4gen.compile.sass import issue_cycles
+
+    if not control:
+        return "no SASS"
+    cells = []
+    for body, _ in sorted(_mma_loops(control, 1), key=lambda found: len(found[0]))[:4]:
+        ex2 = [i for i, b in enumerate(body) if "MUFU.EX2" in b]
+        stream = issue_cycles(body[ex2[0]:ex2[-1] + 1]) if ex2 else 0
+        cells.append(f"{len(body)}/{issue_cycles(body)}/{stream}")
+    return ", ".join(cells)
 
 
 def row(name, meta, seconds, smem):
@@ -131,19 +199,25 @@ def _use_fa4_wheels(wheel_dir: Path) -> None:
     sys.modules["quack.autotuner"] = stub
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=["sm100", "sm90"], default="sm100")
     ap.add_argument("--loops", action="store_true", help="add each kernel's MMA loops: instructions/MMAs/EX2")
+    ap.add_argument("--cycles", action="store_true",
+                    help="add each kernel's MMA loops: instructions/static issue cycles/MUFU.EX2 stream cycles")
+    ap.add_argument("--backward", action="store_true", help="compare the backward main kernels (sm90 only)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--fa4-wheel", type=Path, default=None,
                     help="folder with the flash_attn_4, quack_kernels and einops wheels (default when flash-attn-4 "
                          "does not import: .device/anchors)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.backward and args.arch != "sm90":
+        ap.error("--backward compares the SM90 backwards: give --arch sm90 (fa4gen has no SM100 backward)")
     if args.fa4_wheel is not None or importlib.util.find_spec("flash_attn") is None:
         _use_fa4_wheels(args.fa4_wheel or Path(__file__).resolve().parents[1] / ".device" / "anchors")
-    global ARCH
+    global ARCH, BACKWARD
     ARCH = args.arch
+    BACKWARD = args.backward
     fa4_arch, cute_arch, sms = TARGETS[ARCH]
     os.environ.setdefault("FLASH_ATTENTION_ARCH", fa4_arch)
     os.environ.setdefault("CUTE_DSL_ARCH", cute_arch)
@@ -151,13 +225,19 @@ def main() -> None:
     header = ["kernel", "regs", "smem"] + [k.upper() for k in OPCODES_BY_ARCH[ARCH]] + ["compile s"]
     if args.loops:
         header.append("MMA loops (instr/MMA/EX2)")
+    if args.cycles:
+        header.append("MMA loops (instr/issue cycles/EX2 stream cycles)")
+
+    def extra(sass, control):
+        return ([mma_loops(sass)] if args.loops else []) + ([loop_issue_cycles(control)] if args.cycles else [])
+
     rows = [header]
-    for label, d, dv, causal in CASES:
-        meta, sass, seconds, plan = fa4gen_kernel(d, dv, causal)
-        rows.append(row(f"{label}: fa4gen", meta, seconds, plan.smem_bytes) + ([mma_loops(sass)] if args.loops else []))
+    for label, d, dv, causal in BWD_CASES if BACKWARD else CASES:
+        meta, sass, seconds, plan, control = fa4gen_kernel(d, dv, causal)
+        rows.append(row(f"{label}: fa4gen", meta, seconds, plan.smem_bytes) + extra(sass, control))
         try:
-            fmeta, fsass, fsec = fa4_kernel(d, dv, causal)
-            rows.append(row(f"{label}: FA4", fmeta, fsec, fmeta["smem"]) + ([mma_loops(fsass)] if args.loops else []))
+            fmeta, fsass, fsec, fcontrol = fa4_kernel(d, dv, causal)
+            rows.append(row(f"{label}: FA4", fmeta, fsec, fmeta["smem"]) + extra(fsass, fcontrol))
         except Exception as err:  # noqa: BLE001 - one case FA4 cannot build is a row, not the end
             rows.append([f"{label}: FA4", f"failed: {type(err).__name__}: {str(err)[:80]}"])
     if args.markdown:

@@ -10,12 +10,20 @@ sites. Runs anywhere (no GPU): `python3 tools/ncu_compare.py ncu.csv [--top 25]`
 report ncu prints without `--page`): per kernel its duration, SM clock, elapsed cycles, DRAM / L2 / compute
 throughput and registers, with each kernel's cycles over the first kernel's. Profiled with `--clock-control none`
 the kernels may run at different clocks (session 59: a backward 0.4% shorter in µs than flash-attn-4's took 2.8% more
-cycles), so compare cycles. Both files may be given (`ncu.csv --details details.txt`).
+cycles), so compare cycles. Its SM-active cycles tell a loop's speed from a grid's tail: the share of the elapsed
+cycles an SM sat idle (session 59's d128 causal s2k backward: flash-attn-4's SMs idle 8.3%, ours 2.8%, so per
+active cycle its loop was ~9% faster though the kernels took 2.8% apart). Both files may be given
+(`ncu.csv --details details.txt`); either may be xz-compressed (`.xz`, as docs/perf keeps them).
+
+`--stall-ops REASON` adds, per kernel, that stall reason's samples summed by opcode (share of all the kernel's
+samples): e.g. `--stall-ops wait` put 3.7% of our d128 causal backward's samples on MUFU against flash-attn-4's
+0.3% (session 60).
 """
 
 import argparse
 import csv
 import io
+import lzma
 import re
 from collections import Counter
 from pathlib import Path
@@ -36,6 +44,26 @@ def kernels(text: str) -> list[tuple[str, list[dict]]]:
         rows = list(csv.DictReader(io.StringIO("\n".join(block))))
         out.append((name, [r for r in rows if r.get("Address", "").startswith("0x")]))
     return out
+
+
+def read_text(path: Path) -> str:
+    """A text export, xz-decompressed when its name ends in .xz."""
+    return lzma.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".xz" else path.read_text()
+
+
+def stall_ops(rows: list[dict], reason: str, top: int = 12) -> str:
+    """One line: the samples of stall reason `reason` by opcode, as shares of all the kernel's stall samples."""
+    key = f"stall_{reason}"
+    if rows and key not in rows[0]:
+        known = sorted(k[6:] for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k)
+        raise SystemExit(f"--stall-ops: no stall reason {reason!r} in the export (it has: {', '.join(known)})")
+    sampled = sum(_num(r, SAMPLES) for r in rows) or 1
+    per_op = Counter()
+    for r in rows:
+        per_op[opcode(r["Source"])] += _num(r, key)
+    total = sum(per_op.values())
+    return (f"  {reason} stalls {100 * total / sampled:.1f}% of samples, by opcode: "
+            + ", ".join(f"{op} {100 * v / sampled:.2f}%" for op, v in per_op.most_common(top) if v))
 
 
 def _num(row: dict, key: str) -> float:
@@ -111,8 +139,10 @@ def report(name: str, rows: list[dict], top: int) -> str:
 # a details-page kernel header: "  <name> (grid)x(block), Context 1, Stream 7, Device 0, CC 9.0"
 _KERNEL_LINE = re.compile(r"^  (\S+) \([\d, ]+\)x\([\d, ]+\), Context")
 # a metric row: name, unit (absent for counts such as Block Size), value
-_METRIC_LINE = re.compile(r"^ {4}(\S.*?) {2,}(?:(\S+) {2,})?([\d,]+(?:\.\d+)?)\s*$")
+# (one space only between unit and value when the value is wide: "SM Active Cycles   cycle 1,046,385.94")
+_METRIC_LINE = re.compile(r"^ {4}(\S.*?) {2,}(?:(\S+) +)?([\d,]+(?:\.\d+)?)\s*$")
 DETAILS = (("Duration", "duration"), ("SM Frequency", "sm_ghz"), ("Elapsed Cycles", "cycles"),
+           ("SM Active Cycles", "active_cycles"),
            ("DRAM Throughput", "dram_pct"), ("L2 Cache Throughput", "l2_pct"),
            ("Compute (SM) Throughput", "compute_pct"), ("Registers Per Thread", "registers"))
 
@@ -142,14 +172,16 @@ def details_table(found: list[tuple[str, dict[str, float]]]) -> str:
     def cell(d: dict[str, float], key: str, fmt: str) -> str:
         return format(d[key], fmt) if key in d else "-"
 
-    lines = ["| kernel | duration (µs) | SM clock (GHz) | elapsed cycles | cycles / first | DRAM % | L2 % | compute % "
-             "| registers |", "|---" * 9 + "|"]
+    lines = ["| kernel | duration (µs) | SM clock (GHz) | elapsed cycles | cycles / first | SM-active cycles | SMs idle | "
+             "DRAM % | L2 % | compute % | registers |", "|---" * 11 + "|"]
     first = found[0][1].get("cycles") if found else None
     for name, d in found:
         ratio = f"{d['cycles'] / first:.3f}" if first and "cycles" in d else "-"
+        idle = f"{100 * (1 - d['active_cycles'] / d['cycles']):.1f}%" if d.get("cycles") and "active_cycles" in d else "-"
         short = name.removeprefix("kernel_cutlass_kernel_")[:50]
         lines.append(f"| {short} | {cell(d, 'duration', ',.2f')} | {cell(d, 'sm_ghz', '.2f')} | "
-                     f"{cell(d, 'cycles', ',.0f')} | {ratio} | {cell(d, 'dram_pct', '.1f')} | {cell(d, 'l2_pct', '.1f')} | "
+                     f"{cell(d, 'cycles', ',.0f')} | {ratio} | {cell(d, 'active_cycles', ',.0f')} | {idle} | "
+                     f"{cell(d, 'dram_pct', '.1f')} | {cell(d, 'l2_pct', '.1f')} | "
                      f"{cell(d, 'compute_pct', '.1f')} | {cell(d, 'registers', '.0f')} |")
     return "\n".join(lines)
 
@@ -159,18 +191,22 @@ def main(argv=None) -> int:
     ap.add_argument("csv", type=Path, nargs="?", help="a source-page CSV export")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--details", type=Path, default=None, help="a details-page text export (see the module doc)")
+    ap.add_argument("--stall-ops", metavar="REASON", default=None,
+                    help="also sum this stall reason's samples by opcode (e.g. wait, barrier, long_sb, mio)")
     args = ap.parse_args(argv)
     if args.csv is None and args.details is None:
         ap.error("give a source-page CSV export, --details FILE, or both")
     if args.details is not None:
-        found = details(args.details.read_text())
+        found = details(read_text(args.details))
         if not found:
             ap.error(f"--details {args.details}: no kernel found (expected `ncu -i ... --page details` output)")
         print(details_table(found))
         print()
     if args.csv is not None:
-        for name, rows in kernels(args.csv.read_text()):
+        for name, rows in kernels(read_text(args.csv)):
             print(report(name, rows, args.top))
+            if args.stall_ops:
+                print(stall_ops(rows, args.stall_ops))
             print()
     return 0
 
