@@ -96,15 +96,14 @@ def fa4_kernel(d: int, dv: int, causal: bool):
 def _inspect(compiled):
     """(meta, SASS, control listing) of a `cute.compile` result, through its exported object."""
     from fa4gen.compile.aot import export_object, inspect_object
-    from fa4gen.compile.elf import extract_cubins
-    from fa4gen.compile.sass import disassemble_with_control
+    from fa4gen.compile.sass import control_listing
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fa4.o"
         export_object(compiled, path)
         obj = path.read_bytes()
     meta, sass = inspect_object(obj, keep_sass=True)
-    return meta, sass, "\n".join(disassemble_with_control(c) for c in extract_cubins(obj))
+    return meta, sass, control_listing(obj)
 
 
 def fa4_backward_kernel(d: int, dv: int, causal: bool):
@@ -134,8 +133,7 @@ def fa4gen_kernel(d: int, dv: int, causal: bool):
     (with BACKWARD: the backward module of an MHA training spec, the benchmark's)."""
     from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.compile.cache import DiskCache
-    from fa4gen.compile.elf import extract_cubins
-    from fa4gen.compile.sass import disassemble_with_control
+    from fa4gen.compile.sass import control_listing
     from fa4gen.spec import spec_from_dict
 
     spec = spec_from_dict({"name": f"cmp_d{d}_{dv}_{int(causal)}", "targets": [ARCH], "dtype": "bf16",
@@ -149,8 +147,7 @@ def fa4gen_kernel(d: int, dv: int, causal: bool):
     if report.status == "failed":
         raise RuntimeError(report.detail)
     entry = next(e for e in DiskCache(root / "cache").ls() if e.meta.get("name") == f"{spec.name}.{plan.module}")
-    control = "\n".join(disassemble_with_control(c) for c in extract_cubins(entry.artifact_path.read_bytes()))
-    return report.meta, sass, report.seconds, plan, control
+    return report.meta, sass, report.seconds, plan, control_listing(entry.artifact_path.read_bytes())
 
 
 def mma_loops(sass: str | None) -> str:
@@ -165,18 +162,11 @@ def mma_loops(sass: str | None) -> str:
 def loop_issue_cycles(control: str | None) -> str:
     """'instructions/issue cycles/MUFU.EX2 stream cycles' of each loop issuing MMAs, smallest first (a control
     listing: fa4gen.compile.sass.disassemble_with_control)."""
-    from sass_loops import _mma_loops  # tools/, this script's folder
-
-    from fa4gen.compile.sass import issue_cycles
+    from sass_loops import loop_cycle_rows  # tools/, this script's folder
 
     if not control:
         return "no SASS"
-    cells = []
-    for body, _ in sorted(_mma_loops(control, 1), key=lambda found: len(found[0]))[:4]:
-        ex2 = [i for i, b in enumerate(body) if "MUFU.EX2" in b]
-        stream = issue_cycles(body[ex2[0]:ex2[-1] + 1]) if ex2 else 0
-        cells.append(f"{len(body)}/{issue_cycles(body)}/{stream}")
-    return ", ".join(cells)
+    return ", ".join(f"{n}/{cycles}/{stream}" for n, cycles, _, stream, _ in sorted(loop_cycle_rows(control))[:4])
 
 
 def row(name, meta, seconds, smem):

@@ -57,18 +57,24 @@ def loop_lines(sass_text: str, min_mma: int = 1, ops: int = 0) -> list[str]:
     return lines
 
 
-def loop_cycles(control_text: str, min_mma: int = 1) -> list[str]:
-    """Per loop of a `fa4gen.compile.sass.disassemble_with_control` listing: its instructions, static issue
-    cycles, and its MUFU.EX2 stream (first to last) in cycles and instructions."""
+def loop_cycle_rows(control_text: str, min_mma: int = 1) -> list[tuple[int, int, int, int, int]]:
+    """(instructions, static issue cycles, MUFU.EX2, their stream's cycles, its instructions) per loop with at least
+    `min_mma` MMAs of a `fa4gen.compile.sass.disassemble_with_control` listing (the stream: first to last MUFU.EX2)."""
     from fa4gen.compile.sass import issue_cycles
 
-    lines = []
+    rows = []
     for body, _ in _mma_loops(control_text, min_mma):
         ex2 = [i for i, b in enumerate(body) if "MUFU.EX2" in b]
-        stream = (f"{len(ex2)} MUFU.EX2 over {issue_cycles(body[ex2[0]:ex2[-1] + 1])} cycles / "
-                  f"{ex2[-1] - ex2[0] + 1} instructions" if ex2 else "no MUFU.EX2")
-        lines.append(f"    loop: {len(body):5d} instructions  {issue_cycles(body):5d} issue cycles  {stream}")
-    return lines
+        stream = body[ex2[0]:ex2[-1] + 1] if ex2 else []
+        rows.append((len(body), issue_cycles(body), len(ex2), issue_cycles(stream), len(stream)))
+    return rows
+
+
+def loop_cycles(control_text: str, min_mma: int = 1) -> list[str]:
+    """`loop_cycle_rows` as listing lines."""
+    return [f"    loop: {n:5d} instructions  {cycles:5d} issue cycles  "
+            + (f"{ex2} MUFU.EX2 over {stream} cycles / {stream_n} instructions" if ex2 else "no MUFU.EX2")
+            for n, cycles, ex2, stream, stream_n in loop_cycle_rows(control_text, min_mma)]
 
 
 def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
@@ -92,8 +98,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("FA4GEN_QUIET", "1")
     from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.compile.cache import DiskCache
-    from fa4gen.compile.elf import extract_cubins
-    from fa4gen.compile.sass import disassemble_with_control
+    from fa4gen.compile.sass import control_listing
 
     spec = _spec(args.spec)
     plans, _ = plan_spec(spec, archs=args.arch)
@@ -113,7 +118,7 @@ def main(argv=None) -> int:
             if args.cycles:
                 entry = next(e for e in DiskCache(Path(tmp) / "cache").ls()
                              if e.meta.get("name") == f"{spec.name}.{plan.module}")
-                control = "\n".join(disassemble_with_control(c) for c in extract_cubins(entry.artifact_path.read_bytes()))
+                control = control_listing(entry.artifact_path.read_bytes())
                 if args.dump is not None:
                     (args.dump / f"{spec.name}.{plan.module}.control.sass").write_text(control)
                 for line in loop_cycles(control, args.min_mma):

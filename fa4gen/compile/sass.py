@@ -54,8 +54,8 @@ def find_nvdisasm() -> str | None:
     return None
 
 
-def disassemble(cubin: bytes, *, nvdisasm: str | None = None) -> str:
-    """SASS text of every function in ``cubin`` (``nvdisasm -c``: code sections only)."""
+def disassemble(cubin: bytes, *, nvdisasm: str | None = None, flags: tuple[str, ...] = ()) -> str:
+    """SASS text of every function in ``cubin`` (``nvdisasm -c``: code sections only; `flags` added before it)."""
     tool = nvdisasm or find_nvdisasm()
     if tool is None:
         raise NvdisasmNotFoundError(
@@ -66,7 +66,7 @@ def disassemble(cubin: bytes, *, nvdisasm: str | None = None) -> str:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
         proc = subprocess.run(
-            [tool, "-c", str(path)], capture_output=True, text=True, timeout=NVDISASM_TIMEOUT_S
+            [tool, *flags, "-c", str(path)], capture_output=True, text=True, timeout=NVDISASM_TIMEOUT_S
         )
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed (exit {proc.returncode}): {proc.stderr.strip()[:2000]}")
@@ -228,17 +228,14 @@ def disassemble_with_control(cubin: bytes, *, nvdisasm: str | None = None) -> st
     on it). The stall count is the number of cycles the warp waits before issuing its next instruction (bits
     105-108 of the 128-bit Volta-and-later encoding), whatever other warps do meanwhile; a loop's sum of them
     (:func:`issue_cycles`) is its static issue time for one warp, without any wait on a barrier or a scoreboard."""
-    tool = nvdisasm or find_nvdisasm()
-    if tool is None:
-        raise NvdisasmNotFoundError("nvdisasm not found: install the test extra (pip install nvidia-cuda-nvdisasm)")
-    with tempfile.TemporaryDirectory(prefix="fa4gen-sass-") as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        proc = subprocess.run([tool, "-hex", "-c", str(path)], capture_output=True, text=True,
-                              timeout=NVDISASM_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{tool} -hex failed (exit {proc.returncode}): {proc.stderr.strip()[:2000]}")
-    return with_stall_counts(proc.stdout)
+    return with_stall_counts(disassemble(cubin, nvdisasm=nvdisasm, flags=("-hex",)))
+
+
+def control_listing(obj: bytes) -> str:
+    """:func:`disassemble_with_control` of every cubin embedded in an exported kernel object (or a cubin)."""
+    from fa4gen.compile.elf import extract_cubins
+
+    return "\n".join(disassemble_with_control(c) for c in extract_cubins(obj))
 
 
 def with_stall_counts(hex_listing: str) -> str:
