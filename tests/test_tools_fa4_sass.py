@@ -22,11 +22,13 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     over an 80-row step) and 40 exp2 per thread, as ours; the cubins are kept where --keep says."""
     pytest.importorskip("cutlass")
     tool = load_tool("fa4_sass_cpu")
-    assert tool.main(["--dim", "128", "--keep", str(tmp_path / "keep"), "--ops", "4"]) == 0
+    assert tool.main(["--dim", "128", "--keep", str(tmp_path / "keep"), "--ops", "4", "--cycles"]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
     assert first.startswith("kernel_cutlass_kernel_flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90")
     assert re.search(r"loop:\s+\d+ instructions\s+34 MMA\s+40 MUFU.EX2\s+0 LDL/STL", out), out
+    # --cycles: the same loop's static issue cycles and its 40-long MUFU.EX2 stream (session 60: 465 / 960)
+    assert re.search(r"loop:\s+\d+ instructions\s+\d+ issue cycles\s+40 MUFU.EX2 over \d+ cycles", out), out
     assert any(p.suffix == ".cubin" for p in (tmp_path / "keep").iterdir())
 
 

@@ -2,12 +2,9 @@
 side by side: static instruction counts, and with --loops the loops that issue MMAs (instructions, MMAs,
 MUFU.EX2 per loop body) — docs/SM100.md "Structural comparison with FlashAttention-4"; docs/PERF.md
 (session 11) for sm_90a. `--cycles` adds each loop's static issue cycles (the stall counts ptxas encodes, summed;
-tools/sass_loops.py --cycles). `--backward` (sm_90a) compares the backward main kernels instead: fa4gen's MHA
-training spec against flash-attn-4's `_flash_attn_bwd` (docs/PERF.md session 60); its static counts (TOTAL, HGMMA, ...)
-then cover our whole backward module (preprocess and dQ conversion included) against flash-attn-4's main kernel
-alone, so compare the loop columns.
+tools/sass_loops.py --cycles). The backwards: tools/fa4_sass_cpu.py --cycles beside tools/sass_loops.py --cycles.
 
-    .venv/bin/python tools/compare_fa4.py [--arch sm100|sm90] [--loops] [--cycles] [--backward] [--markdown]
+    .venv/bin/python tools/compare_fa4.py [--arch sm100|sm90] [--loops] [--cycles] [--markdown]
 
 Needs flash-attn-4 (pip install --no-deps flash_attn_4-*.whl; quack-kernels, einops) in the venv, or its wheels
 (`--fa4-wheel DIR`, default .device/anchors/ from ../shared/device/pack.sh --anchors when flash-attn-4 does not
@@ -43,9 +40,6 @@ CASES = [  # (label, head_dim, head_dim_v, causal)
     ("d128 causal", 128, 128, True),
     ("d192/128 causal", 192, 128, True),
 ]
-BWD_CASES = [("d64", 64, 64, False), ("d64 causal", 64, 64, True), ("d128", 128, 128, False),
-             ("d128 causal", 128, 128, True)]
-BACKWARD = False  # set by main() from --backward
 
 
 class _Device:
@@ -58,13 +52,13 @@ class _Device:
 
 def fa4_kernel(d: int, dv: int, causal: bool):
     """(meta, SASS text, seconds, control listing) of FA4's forward as flash_attn_func would compile it for the
-    arch (with BACKWARD: the main kernel of its `_flash_attn_bwd`)."""
-    if BACKWARD:
-        return fa4_backward_kernel(d, dv, causal)
+    arch."""
     import cutlass.utils
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fa4gen.compile.aot import export_object, inspect_object
+    from fa4gen.compile.sass import control_listing
     from flash_attn.cute import interface
 
     cutlass.utils.HardwareInfo = _Device
@@ -86,64 +80,30 @@ def fa4_kernel(d: int, dv: int, causal: bool):
         interface.flash_attn_func(q, k, v, causal=causal)
     seconds = time.perf_counter() - start
     (compiled,) = list(interface._flash_attn_fwd.compile_cache.cache.values())
-    meta, sass, control = _inspect(compiled)
-    Kernel._setup_attributes = setup
-    storage = getattr(seen[-1], "shared_storage", None) if seen else None
-    meta["smem"] = storage.size_in_bytes() if storage is not None else "?"  # dynamic: not in the cubin
-    return meta, sass, seconds, control
-
-
-def _inspect(compiled):
-    """(meta, SASS, control listing) of a `cute.compile` result, through its exported object."""
-    from fa4gen.compile.aot import export_object, inspect_object
-    from fa4gen.compile.sass import control_listing
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "fa4.o"
         export_object(compiled, path)
         obj = path.read_bytes()
     meta, sass = inspect_object(obj, keep_sass=True)
-    return meta, sass, control_listing(obj)
-
-
-def fa4_backward_kernel(d: int, dv: int, causal: bool):
-    """(meta, SASS text, seconds, control listing) of FA4's backward main kernel (sm_90a), as `_flash_attn_bwd`
-    compiles it for a bf16 MHA call (its preprocess and postprocess left out)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from flash_attn.cute import interface
-
-    interface._flash_attn_bwd.compile_cache.clear()
-    start = time.perf_counter()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        q = torch.empty(2, 4096, 16, d, dtype=torch.bfloat16, device="cuda")
-        v = torch.empty(2, 4096, 16, dv, dtype=torch.bfloat16, device="cuda")
-        lse = torch.empty(2, 16, 4096, dtype=torch.float32, device="cuda")
-        interface._flash_attn_bwd(q, q, v, v, v, lse, None, causal, 0.0)
-    seconds = time.perf_counter() - start
-    (compiled,) = list(interface._flash_attn_bwd.compile_cache.cache.values())
-    meta, sass, control = _inspect(compiled)
-    meta["smem"] = "?"
-    return meta, sass, seconds, control
+    Kernel._setup_attributes = setup
+    storage = getattr(seen[-1], "shared_storage", None) if seen else None
+    meta["smem"] = storage.size_in_bytes() if storage is not None else "?"  # dynamic: not in the cubin
+    return meta, sass, seconds, control_listing(obj)
 
 
 def fa4gen_kernel(d: int, dv: int, causal: bool):
-    """(meta, SASS text, seconds, plan, control listing) of fa4gen's default forward for the arch, compiled here
-    (with BACKWARD: the backward module of an MHA training spec, the benchmark's)."""
+    """(meta, SASS text, seconds, plan, control listing) of fa4gen's default forward for the arch, compiled here."""
     from fa4gen.builder import compile_for_sass, plan_spec
     from fa4gen.compile.cache import DiskCache
     from fa4gen.compile.sass import control_listing
     from fa4gen.spec import spec_from_dict
 
     spec = spec_from_dict({"name": f"cmp_d{d}_{dv}_{int(causal)}", "targets": [ARCH], "dtype": "bf16",
-                           "head_dim": d, "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"},
-                           **(dict(backward=True, allow_gqa=False) if BACKWARD else {})})
+                           "head_dim": d, "head_dim_v": dv, "mask": {"kind": "causal" if causal else "none"}})
     plans, _ = plan_spec(spec, archs=[ARCH])
-    # the default forward (a masked d <= 64 spec also has a 192-row one for long calls), or the backward
-    chosen = [p for p in plans if p.direction == "bwd"][:1] if BACKWARD else plans[:1]
+    # the default forward (a masked d <= 64 spec also has a 192-row one for long calls)
     root = Path(tempfile.mkdtemp(prefix="fa4gen-cmp-"))
-    ((plan, report, sass),) = compile_for_sass(spec, chosen, root, "cmp")
+    ((plan, report, sass),) = compile_for_sass(spec, plans[:1], root, "cmp")
     if report.status == "failed":
         raise RuntimeError(report.detail)
     entry = next(e for e in DiskCache(root / "cache").ls() if e.meta.get("name") == f"{spec.name}.{plan.module}")
@@ -195,19 +155,15 @@ def main(argv=None) -> None:
     ap.add_argument("--loops", action="store_true", help="add each kernel's MMA loops: instructions/MMAs/EX2")
     ap.add_argument("--cycles", action="store_true",
                     help="add each kernel's MMA loops: instructions/static issue cycles/MUFU.EX2 stream cycles")
-    ap.add_argument("--backward", action="store_true", help="compare the backward main kernels (sm90 only)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--fa4-wheel", type=Path, default=None,
                     help="folder with the flash_attn_4, quack_kernels and einops wheels (default when flash-attn-4 "
                          "does not import: .device/anchors)")
     args = ap.parse_args(argv)
-    if args.backward and args.arch != "sm90":
-        ap.error("--backward compares the SM90 backwards: give --arch sm90 (fa4gen has no SM100 backward)")
     if args.fa4_wheel is not None or importlib.util.find_spec("flash_attn") is None:
         _use_fa4_wheels(args.fa4_wheel or Path(__file__).resolve().parents[1] / ".device" / "anchors")
-    global ARCH, BACKWARD
+    global ARCH
     ARCH = args.arch
-    BACKWARD = args.backward
     fa4_arch, cute_arch, sms = TARGETS[ARCH]
     os.environ.setdefault("FLASH_ATTENTION_ARCH", fa4_arch)
     os.environ.setdefault("CUTE_DSL_ARCH", cute_arch)
@@ -222,7 +178,7 @@ def main(argv=None) -> None:
         return ([mma_loops(sass)] if args.loops else []) + ([loop_issue_cycles(control)] if args.cycles else [])
 
     rows = [header]
-    for label, d, dv, causal in BWD_CASES if BACKWARD else CASES:
+    for label, d, dv, causal in CASES:
         meta, sass, seconds, plan, control = fa4gen_kernel(d, dv, causal)
         rows.append(row(f"{label}: fa4gen", meta, seconds, plan.smem_bytes) + extra(sass, control))
         try:

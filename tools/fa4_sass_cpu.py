@@ -11,9 +11,11 @@ the forward through `flash_attn_func`, the backward through its `_flash_attn_bwd
 CPU build of torch lacks). The shape is (2, 1024, 8, D), MHA.
 
 Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128|192x128 [--causal] [--direction fwd|bwd] [--ops 32]
-[--keep DIR]`,
+[--cycles] [--keep DIR]`,
 then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["sm90"], "dtype": "bf16",
 "head_dim": 128, "mask": {"kind": "none"}, "backward": true, "allow_gqa": false}' --ops 32` for fa4gen's.
+`--cycles` adds each loop's static issue cycles and MUFU.EX2 stream, as `tools/sass_loops.py --cycles` prints ours
+(session 60: flash-attn-4's d128 causal backward loop 844 cycles, ours 1,068).
 """
 
 import argparse
@@ -66,20 +68,24 @@ def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: P
     return cubins
 
 
-def describe(cubin: Path, ops: int) -> list[str]:
-    """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py)."""
-    from sass_loops import loop_lines, loop_rows
+def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
+    """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py), and with `cycles`
+    a line per loop of its static issue cycles (tools/sass_loops.py --cycles)."""
+    from sass_loops import loop_cycles, loop_lines, loop_rows
 
-    from fa4gen.compile.sass import disassemble
+    from fa4gen.compile.sass import disassemble_with_control
 
     lines = []
-    for fn in disassemble(cubin.read_bytes()).split(".section\t.text.")[1:]:
+    # the control listing reads as the plain one (each instruction line ends in its stall count)
+    for fn in disassemble_with_control(cubin.read_bytes()).split(".section\t.text.")[1:]:
         if not loop_rows(fn):
             continue
         name = fn.split("\n", 1)[0].split(",")[0]
         spills = len(re.findall(r"\b(?:LDL|STL)\b", fn))
         lines.append(f"{name[:100]}: {fn.count(chr(10))} lines, {spills} LDL/STL")
         lines += loop_lines(fn, ops=ops)
+        if cycles:
+            lines += loop_cycles(fn)
     return lines
 
 
@@ -91,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", type=int, default=0, metavar="N", help="also the N most frequent opcodes of each loop")
     ap.add_argument("--fa4-wheel", type=Path, default=ROOT / ".device" / "anchors",
                     help="folder with the flash_attn_4, quack_kernels and einops wheels")
+    ap.add_argument("--cycles", action="store_true",
+                    help="also each loop's static issue cycles and MUFU.EX2 stream (from the control codes)")
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
     args = ap.parse_args(argv)
     d, x, dv = args.dim.partition("x")
@@ -100,7 +108,7 @@ def main(argv=None) -> int:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
         for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None):
-            for line in describe(cubin, args.ops):
+            for line in describe(cubin, args.ops, args.cycles):
                 print(line)
     return 0
 
