@@ -501,8 +501,7 @@ class FlashBwdSm90:
                 # D into registers ahead of the wait for dPᵀ (as LSE2 above)
                 for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
                     dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                # 80- and 128-row tiles: dV is issued once dS is formed (Sᵀ, dPᵀ, Pᵀ in flight and dK/dV at once
-                # would not fit the registers)
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
                 warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
@@ -512,7 +511,7 @@ class FlashBwdSm90:
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rP.store(acc_S.load().to(DTYPE))  # after dS: the fp32 and bf16 Pᵀ are never live at once
                 rdS.store(acc_dP.load().to(DTYPE))
-                # dV += Pᵀ·dO (Pᵀ from registers)
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):
@@ -593,8 +592,7 @@ class FlashBwdSm90:
                 # D into registers ahead of the wait for dPᵀ (as LSE2 above)
                 for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
                     dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                # 80- and 128-row tiles: dV is issued once dS is formed (Sᵀ, dPᵀ, Pᵀ in flight and dK/dV at once
-                # would not fit the registers)
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
                 warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
@@ -604,7 +602,7 @@ class FlashBwdSm90:
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rP.store(acc_S.load().to(DTYPE))  # after dS: the fp32 and bf16 Pᵀ are never live at once
                 rdS.store(acc_dP.load().to(DTYPE))
-                # dV += Pᵀ·dO (Pᵀ from registers)
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
                 warpgroup.fence()
                 tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
                 for k in cutlass.range_constexpr(TILE_M // 16):

@@ -529,13 +529,8 @@ class FlashBwdSm90:
                 # D into registers ahead of the wait for dPᵀ (as LSE2 above)
                 for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
                     dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
-                warpgroup.fence()
-                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
-                for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
+                warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
                     dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
@@ -543,6 +538,12 @@ class FlashBwdSm90:
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rdS.store(acc_dP.load().to(DTYPE))
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
+                warpgroup.fence()
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                warpgroup.commit_group()
                 if cutlass.const_expr(PDS_STAGES == 1):
                     # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
@@ -617,13 +618,8 @@ class FlashBwdSm90:
                 # D into registers ahead of the wait for dPᵀ (as LSE2 above)
                 for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
                     dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                # dV += Pᵀ·dO (Pᵀ from registers) runs while dS is formed
-                warpgroup.fence()
-                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
-                for k in cutlass.range_constexpr(TILE_M // 16):
-                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
+                warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
                 for c in cutlass.range_constexpr(n_cols):
                     dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
@@ -631,6 +627,12 @@ class FlashBwdSm90:
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
                 rdS.store(acc_dP.load().to(DTYPE))
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
+                warpgroup.fence()
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                warpgroup.commit_group()
                 if cutlass.const_expr(PDS_STAGES == 1):
                     # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
