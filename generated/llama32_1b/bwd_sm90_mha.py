@@ -469,6 +469,7 @@ class FlashBwdSm90:
                     lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
+                rP.store(acc_S.load().to(DTYPE))
                 # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
                 warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
@@ -477,7 +478,6 @@ class FlashBwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
-                rP.store(acc_S.load().to(DTYPE))  # after dS: the fp32 and bf16 Pᵀ are never live at once
                 rdS.store(acc_dP.load().to(DTYPE))
                 # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
                 warpgroup.fence()
@@ -560,6 +560,7 @@ class FlashBwdSm90:
                     lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
                     for r in cutlass.range_constexpr(n_rows):
                         s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
+                rP.store(acc_S.load().to(DTYPE))
                 # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
                 warpgroup.wait_group(0)
                 # dSᵀ = Pᵀ * (dPᵀ - D)
@@ -568,7 +569,6 @@ class FlashBwdSm90:
                     for r in cutlass.range_constexpr(n_rows):
                         # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
                         dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
-                rP.store(acc_S.load().to(DTYPE))  # after dS: the fp32 and bf16 Pᵀ are never live at once
                 rdS.store(acc_dP.load().to(DTYPE))
                 # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
                 warpgroup.fence()
