@@ -9,7 +9,7 @@
 #
 # `out` refuses to run while an earlier trim is still out (so nothing is moved twice), and `back` refuses
 # to overwrite a file that reappeared in the tree meanwhile. `out` prints the carry size with .device and,
-# when present, .ab, so the limit is checked before the call is spent.
+# when present, .ab and .abtrees, so the limit is checked before the call is spent.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 stash=${FA4GEN_TRIM_DIR:-$root/../.fa4gen_trim}
@@ -43,6 +43,7 @@ case "${1:-}" in
     done
     carried=(.device)
     if [[ -d $root/.ab ]]; then carried+=(.ab); fi
+    if [[ -d $root/.abtrees ]]; then carried+=(.abtrees); fi
     mib=$(size "${carried[@]}")
     echo "device_trim: docs/ and $(ls "$stash/tests" | wc -l) tests/ entries moved to $stash; kept: $(ls "$root/tests" | tr '\n' ' ')"
     echo "device_trim: carry with ${carried[*]}: $mib MiB (limit $limit_mib)"
