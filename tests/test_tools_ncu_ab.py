@@ -65,7 +65,7 @@ def test_summary_reports_missing_rounds_and_empty_folders(tmp_path):
 STUB = """#!/usr/bin/env bash
 set -e
 where=$(cd /tmp && python3 -c 'import fa4gen, os; print(os.path.dirname(fa4gen.__file__))')
-echo "$1 ${*:2} $where" >> "$NCU_AB_LOG"
+echo "$1 ${*:2} $NCU_CELL_SECTIONS $where" >> "$NCU_AB_LOG"
 ours=1000000; [[ $where == $NCU_AB_WORK/* ]] && ours=1010000
 printf '| kernel | elapsed cycles | SM-active cycles |\\n|---|---|---|\\n| fa4gen_x | %s | %s |\\n| flash_y | 5 | 4 |\\n' \
   "$ours" "$ours" > "$OUT/$1_cycles.md"
@@ -104,10 +104,27 @@ def test_pack_then_run_alternates_the_trees(tmp_path):
                                      "ref__64_512_n_fwd__r1", "ref__128_2048_y__r2", "work__128_2048_y__r2",
                                      "ref__64_512_n_fwd__r2", "work__64_512_n_fwd__r2"]
     assert log[2][1:5] == ["64", "512", "n", "--fwd"]
+    assert all(ln[-2] == "light" for ln in log)  # NCU_CELL_SECTIONS: the cycle sections only
     assert log[1][-1] == f"{tmp_path}/work/trees/ref/fa4gen" and log[0][-1] == str(ROOT / "fa4gen")
     assert "| 128_2048_y | fa4gen | ref | 1,010,000 / 1,010,000 | 1,010,000 | 1.0100 |" in done.stdout
     with tarfile.open(tmp_path / "out" / "ncu_ab.tgz") as tar:
         assert "out/ncu_ab.md" in tar.getnames()
+
+
+def test_run_with_trees_takes_only_those(tmp_path):
+    env = _env(tmp_path)
+    for name in ("p1", "p2"):
+        assert _sh(env, "pack", name, "HEAD").returncode == 0
+    (tmp_path / "out").mkdir()
+    env["OUT"] = str(tmp_path / "out")
+    for _ in range(2):  # the second run's archive beside the first's
+        done = _sh(env, "run", "1", "--trees", "p2", "--", "64,2048,y")
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ncu_ab.tgz", "ncu_ab_2.tgz"]
+    assert [ln.split()[0] for ln in (tmp_path / "log.txt").read_text().splitlines()] == [
+        "work__64_2048_y__r1", "p2__64_2048_y__r1"] * 2
+    done = _sh(env, "run", "1", "--trees", "p3", "--", "64,2048,y")
+    assert done.returncode == 2 and "no " in done.stderr and "p3.tgz" in done.stderr
 
 
 def test_bad_arguments_stop_with_a_usage_error(tmp_path):

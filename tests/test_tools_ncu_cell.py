@@ -34,7 +34,7 @@ else:
 """
 
 
-def _run(tmp_path: Path, *args: str, ncu: bool = True) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *args: str, ncu: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     if ncu:
@@ -44,7 +44,7 @@ def _run(tmp_path: Path, *args: str, ncu: bool = True) -> subprocess.CompletedPr
     # python3 and xz stay reachable; a real ncu elsewhere on PATH must not be
     keep = {Path(shutil.which(t)).parent for t in ("python3", "xz", "mktemp", "timeout") if shutil.which(t)}
     path = os.pathsep.join([str(bin_dir), *sorted(str(p) for p in keep)])
-    env = dict(os.environ, PATH=path, OUT=str(tmp_path / "out"))
+    env = dict(os.environ, PATH=path, OUT=str(tmp_path / "out"), **(env or {}))
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -73,6 +73,15 @@ def test_ncu_cell_backward_count_and_usage_errors(tmp_path):
     for bad, message in ((["x"], "usage: tools/ncu_cell.sh"), (["a b", "128", "512", "y"], "NAME 'a b'")):
         done = _run(tmp_path, *bad)
         assert done.returncode == 2 and message in done.stderr, done.stderr
+    light = tmp_path / "light"
+    light.mkdir()
+    done = _run(light, "cyc", "64", "2048", "y", env={"NCU_CELL_SECTIONS": "light"})
+    assert done.returncode == 0, done.stderr
+    args = (light / "ncu_args.txt").read_text().split("\n")
+    assert [a for i, a in enumerate(args) if i and args[i - 1] == "--section"] == ["SpeedOfLight", "LaunchStats"]
+    assert sorted(p.name for p in (light / "out").iterdir()) == ["cyc_cycles.md", "cyc_details.txt", "cyc_log.txt"]
+    done = _run(light, "cyc", "64", "2048", "y", env={"NCU_CELL_SECTIONS": "most"})
+    assert done.returncode == 2 and "NCU_CELL_SECTIONS 'most'" in done.stderr
     bare = tmp_path / "bare"
     bare.mkdir()
     done = _run(bare, "fwd", "64", "512", "n", "--fwd", ncu=False)

@@ -12,6 +12,9 @@
 # / compute throughput), NAME_compare.txt (the source-page reading) and NAME_src.csv.xz (the source page); prints
 # the cycle table. Kernels: fa4gen's forward or backward main kernel, flash-attn-4's, and with --cudnn cuDNN's (one
 # more kernel; ncu's -c counts them). NCU_TIMEOUT (seconds, default 240) bounds the profiled run.
+# NCU_CELL_SECTIONS=light profiles only the Speed Of Light and launch sections (elapsed and SM-active cycles,
+# registers: what a cycle A/B reads, tools/ncu_ab.sh) and writes NAME_log.txt, NAME_details.txt and NAME_cycles.md
+# only: the source counters cost most of the replay passes.
 set -euo pipefail
 if (( $# < 4 )); then
   echo "usage: tools/ncu_cell.sh NAME D SEQLEN y|n [--fwd] [--cudnn] [--swap] [--det] (tools/bwd_ncu.py's arguments)" >&2
@@ -38,13 +41,20 @@ for arg in "$@"; do
 done
 kernels+=$extra
 report=$(mktemp -d)/report
-timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k "regex:$kernels" -c "$count" \
-  --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
-  --section SourceCounters --section InstructionStats --section MemoryWorkloadAnalysis_Tables \
+sections=(--section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy
+  --section SourceCounters --section InstructionStats --section MemoryWorkloadAnalysis_Tables)
+case ${NCU_CELL_SECTIONS:-full} in
+  full) ;;
+  light) sections=(--section SpeedOfLight --section LaunchStats) ;;
+  *) echo "ncu_cell: NCU_CELL_SECTIONS '$NCU_CELL_SECTIONS': expected full or light" >&2; exit 2 ;;
+esac
+timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none -k "regex:$kernels" -c "$count" "${sections[@]}" \
   -o "$report" python3 "$root/tools/bwd_ncu.py" "$@" > "$out/${name}_log.txt" 2>&1
 ncu -i "$report.ncu-rep" --page details > "$out/${name}_details.txt"
-ncu -i "$report.ncu-rep" --page source --csv --print-source sass > "$report.csv"
 python3 "$root/tools/ncu_compare.py" --details "$out/${name}_details.txt" > "$out/${name}_cycles.md"
-python3 "$root/tools/ncu_compare.py" "$report.csv" --top 25 > "$out/${name}_compare.txt"
-xz -c "$report.csv" > "$out/${name}_src.csv.xz"
+if [[ ${NCU_CELL_SECTIONS:-full} == full ]]; then
+  ncu -i "$report.ncu-rep" --page source --csv --print-source sass > "$report.csv"
+  python3 "$root/tools/ncu_compare.py" "$report.csv" --top 25 > "$out/${name}_compare.txt"
+  xz -c "$report.csv" > "$out/${name}_src.csv.xz"
+fi
 cat "$out/${name}_cycles.md"
