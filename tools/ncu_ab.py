@@ -93,9 +93,9 @@ def summary(folder: Path) -> str:
                 r_el = f"{el / base_el:.4f}" if el and base_el else "-"
                 out.append(f"| {cell} | {kernel} | {tree} | {by_round} | {_fmt(ac)} | {r_ac} | {_fmt(el)} | {r_el} |")
     out.append("")
-    out.append(f"{len(rounds)} round(s); '/ work': the tree's mean cycles over the working tree's (below 1: fewer "
-               "cycles than this tree's kernel); flash-attn-4's rows are the same code in every tree: their spread is "
-               "the reading's")
+    out.append(f"{len(rounds)} round(s); '/ work': the tree's mean cycles over the working tree's (below 1: that "
+               "tree's kernel takes fewer cycles than the working tree's); flash-attn-4's rows are the same code in "
+               "every tree: their spread is the reading's")
     return "\n".join(out) + "\n"
 
 
