@@ -97,7 +97,8 @@ def test_pack_then_run_alternates_the_trees(tmp_path):
     done = _sh(env, "run", "2", "--", "128,2048,y", "64,512,n,--fwd")
     assert done.returncode == 0, done.stderr
     assert "tree work: fa4gen from " + str(ROOT / "fa4gen") in done.stdout
-    assert f"tree ref: fa4gen from {tmp_path}/work/trees/ref/fa4gen" in done.stdout
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert f"tree ref: fa4gen from {tmp_path}/work/trees/ref/fa4gen (packed from {head})" in done.stdout
     log = [ln.split() for ln in (tmp_path / "log.txt").read_text().splitlines()]
     # round 1: work then ref for each cell; round 2 reversed
     assert [ln[0] for ln in log] == ["work__128_2048_y__r1", "ref__128_2048_y__r1", "work__64_512_n_fwd__r1",

@@ -73,7 +73,9 @@ case "${1:-}" in
     (( ${#names[@]} > 1 )) || echo "ncu_ab: no .abtrees/*.tgz: profiling this tree alone (tools/ncu_ab.sh pack NAME REF adds one)" >&2
     for i in "${!names[@]}"; do
       pp=${paths[$i]:+${paths[$i]}:}$PYTHONPATH
-      echo "tree ${names[$i]}: fa4gen from $(cd /tmp && PYTHONPATH=$pp python3 -c 'import fa4gen, os; print(os.path.dirname(fa4gen.__file__))')"
+      commit=""
+      [[ -f $trees/${names[$i]}.commit ]] && commit=" (packed from $(cat "$trees/${names[$i]}.commit"))"
+      echo "tree ${names[$i]}: fa4gen from $(cd /tmp && PYTHONPATH=$pp python3 -c 'import fa4gen, os; print(os.path.dirname(fa4gen.__file__))')$commit"
     done
     # one archive per run: a call's second run writes ncu_ab_2.tgz rather than replacing the first's
     archive=ncu_ab.tgz
