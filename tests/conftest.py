@@ -62,6 +62,16 @@ def backward_main_sass(spec_dict: dict, folder: Path, prefix: str):
     return bwd, main[0]
 
 
+def backward_block_loops(plan, sass: str) -> list[list[str]]:
+    """The per-query-block loops of an SM90 backward main kernel's SASS (from `backward_main_sass`): those issuing
+    exactly one block's HGMMAs (S, dP, dV, dQ, dK over their k-steps), shortest first: with a causal mask the
+    mask-free run, then the masked one."""
+    from fa4gen.compile.sass import loops
+
+    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
+    return sorted((body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block), key=len)
+
+
 @pytest.fixture(scope="module")
 def cache_root(tmp_path_factory):
     """A fresh FA4GEN_CACHE_DIR for the whole test module."""

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
-from conftest import backward_main_sass  # noqa: E402
+from conftest import backward_block_loops, backward_main_sass  # noqa: E402
 from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
 
 if find_nvdisasm() is None:
@@ -40,8 +40,7 @@ def _opcode(line: str) -> str:
 def test_dS_is_formed_inside_the_exp2_stream(bwd_sass):
     plan, sass = bwd_sass
     assert plan.swap_sdp and plan.tile_m == 64
-    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
-    block_loops = sorted((body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block), key=len)
+    block_loops = backward_block_loops(plan, sass)
     assert len(block_loops) >= 2  # causal: the masked run and the mask-free one
     for body in block_loops[:2]:
         ex2 = [i for i, line in enumerate(body) if "MUFU.EX2" in line]

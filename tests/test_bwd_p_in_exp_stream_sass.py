@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
-from conftest import backward_main_sass  # noqa: E402
+from conftest import backward_block_loops, backward_main_sass  # noqa: E402
 from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
 
 if find_nvdisasm() is None:
@@ -32,8 +32,7 @@ def bwd_sass(tmp_path_factory):
 def test_P_is_rounded_inside_the_exp2_stream(bwd_sass):
     plan, sass = bwd_sass
     assert plan.swap_sdp and plan.tile_m == 128
-    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
-    block_loops = sorted((body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block), key=len)
+    block_loops = backward_block_loops(plan, sass)
     assert len(block_loops) >= 2  # causal: the masked run and the mask-free one
     mask_free = block_loops[0]
     ex2 = [i for i, line in enumerate(mask_free) if "MUFU.EX2" in line]

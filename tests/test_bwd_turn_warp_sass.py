@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
-from conftest import backward_main_sass  # noqa: E402
+from conftest import backward_block_loops, backward_main_sass  # noqa: E402
 from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
 
 if find_nvdisasm() is None:
@@ -29,12 +29,11 @@ def test_consumer_loops_neither_poll_nor_fence(bwd_sass):
     plan, sass = bwd_sass
     assert plan.dq_atomic and plan.deterministic
     # S, dP (over the head dims), dQ (over the keys), dV, dK (over the query rows): one block's HGMMAs
-    per_block = (plan.head_dim + plan.head_dim_v + plan.tile_n + 2 * plan.tile_m) // 16
-    block_loops = [body for body in loops(sass) if sum("HGMMA" in line for line in body) == per_block]
+    block_loops = backward_block_loops(plan, sass)
     # causal: the masked and the mask-free run (the shortest two; the first key block's dQ stores, placed
     # out of line by ptxas, branch back into a run, which the loop finder reads as one more, longer loop)
     assert len(block_loops) >= 2
-    block_loops = sorted(block_loops, key=len)[:2]
+    block_loops = block_loops[:2]
     for body in block_loops:
         assert any("RED" in line and ".ADD" in line for line in body)  # the dQ adds are the consumers'
         assert not any("ATOMG" in line or ("MEMBAR" in line and ".GPU" in line) for line in body)
