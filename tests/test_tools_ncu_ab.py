@@ -20,21 +20,23 @@ import ncu_ab  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("git") is None,
                                 reason="needs bash and git")
 
-HEADER = ("| kernel | duration (µs) | SM clock (GHz) | elapsed cycles | cycles / first | SM-active cycles | SMs idle |\n"
-          "|---|---|---|---|---|---|---|\n")
 
-
-def _table(ours: int, fa4: int) -> str:
-    return (HEADER + f"| fa4gen_pkg_bench_bwd_d128_causal_0123abcdbwd_s | 600.0 | 1.75 | {ours + 30000:,} | 1.000 | "
-            f"{ours:,} | 2.4% |\n| flash_attncuteflash_bwd_sm90FlashAttentionBackward | 603.0 | 1.72 | {fa4 + 80000:,} "
-            f"| 1.0 | {fa4:,} | 8.2% |\n")
+def _page(ours: int, fa4: int) -> str:
+    """A details page as `ncu --page details` prints it: fa4gen's main kernel, then flash-attn-4's."""
+    def kernel(name: str, active: int) -> str:
+        return (f"  kernel_cutlass_kernel_{name} (16, 16, 8)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n"
+                "    Section: GPU Speed Of Light Throughput\n"
+                f"    Elapsed Cycles                cycle    {active + 30000:,}\n"
+                f"    SM Active Cycles              cycle {active:,}.25\n")
+    return "[507] python3.12@127.0.0.1\n" + kernel("fa4gen_pkg_bench_bwd_d128_causal_0123abcdbwd_sm90", ours) + kernel(
+        "flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90_object", fa4)
 
 
 def test_summary_divides_by_the_working_tree(tmp_path):
     for tree, ours in (("work", 1_000_000), ("main", 1_020_000)):
         for rnd, fa4 in ((1, 960_000), (2, 962_000)):
-            (tmp_path / f"{tree}__128_2048_y__r{rnd}_cycles.md").write_text(_table(ours + rnd * 1000, fa4))
-    (tmp_path / "unrelated_cycles.md").write_text(_table(1, 1))  # not a TREE__CELL__rN name: ignored
+            (tmp_path / f"{tree}__128_2048_y__r{rnd}_details.txt").write_text(_page(ours + rnd * 1000, fa4))
+    (tmp_path / "unrelated_details.txt").write_text(_page(1, 1))  # not a TREE__CELL__rN name: ignored
     text = ncu_ab.summary(tmp_path)
     rows = {tuple(c.strip() for c in ln.strip("|").split("|")[:3]): ln for ln in text.splitlines() if ln.startswith("| 128")}
     work = rows[("128_2048_y", "fa4gen", "work")]
@@ -47,28 +49,29 @@ def test_summary_divides_by_the_working_tree(tmp_path):
 
 
 def test_summary_reports_missing_rounds_and_empty_folders(tmp_path):
-    assert "no TREE__CELL__rN_cycles.md" in ncu_ab.summary(tmp_path)
-    (tmp_path / "work__64_2048_n__r1_cycles.md").write_text(_table(2_000_000, 2_100_000))
-    (tmp_path / "main__64_2048_n__r2_cycles.md").write_text(_table(2_010_000, 2_100_000))
+    assert "no TREE__CELL__rN_details.txt" in ncu_ab.summary(tmp_path)
+    (tmp_path / "work__64_2048_n__r1_details.txt").write_text(_page(2_000_000, 2_100_000))
+    (tmp_path / "main__64_2048_n__r2_details.txt").write_text(_page(2_010_000, 2_100_000))
     text = ncu_ab.summary(tmp_path)
     assert "| 64_2048_n | fa4gen | work | 2,000,000 / - |" in text
     assert "| 64_2048_n | fa4gen | main | - / 2,010,000 | 2,010,000 | 1.0050 |" in text
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "work__64_2048_n__r1_cycles.md").write_text("| kernel | time |\n|---|---|\n| x | 1 |\n")
-    with pytest.raises(ValueError, match="SM-active cycles"):
-        ncu_ab.summary(bad)
+    # a page without the Speed Of Light rows (a profile cut short): its kernel reads "-", not a wrong number
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "work__64_2048_n__r1_details.txt").write_text(
+        "  kernel_cutlass_kernel_fa4gen_x (1, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0\n")
+    assert "| 64_2048_n | fa4gen | work | - | - | - | - | - |" in ncu_ab.summary(bare)
 
 
-# a stand-in for tools/ncu_cell.sh: logs its name, arguments and the fa4gen it imports; writes a cycle table whose
+# a stand-in for tools/ncu_cell.sh: logs its name, arguments and the fa4gen it imports; writes a details page whose
 # fa4gen cycles depend on that tree
 STUB = """#!/usr/bin/env bash
 set -e
 where=$(cd /tmp && python3 -c 'import fa4gen, os; print(os.path.dirname(fa4gen.__file__))')
 echo "$1 ${*:2} $NCU_CELL_SECTIONS $where" >> "$NCU_AB_LOG"
 ours=1000000; [[ $where == $NCU_AB_WORK/* ]] && ours=1010000
-printf '| kernel | elapsed cycles | SM-active cycles |\\n|---|---|---|\\n| fa4gen_x | %s | %s |\\n| flash_y | 5 | 4 |\\n' \
-  "$ours" "$ours" > "$OUT/$1_cycles.md"
+printf '  kernel_cutlass_kernel_fa4gen_x (1, 1, 1)x(384, 1, 1), Context 1\\n    Elapsed Cycles  cycle  %s\\n    SM Active Cycles  cycle  %s\\n' \\
+  "$ours" "$ours" > "$OUT/$1_details.txt"
 """
 
 

@@ -1,6 +1,6 @@
 """The summary of tools/ncu_ab.sh: every tree's main-kernel cycles per cell, side by side with the working tree's.
 
-Reads the cycle tables tools/ncu_cell.sh wrote (TREE__CELL__rROUND_cycles.md, `ncu_compare.py --details` rows) in a
+Reads the details pages tools/ncu_cell.sh wrote (TREE__CELL__rROUND_details.txt, through ncu_compare.details) in a
 folder and prints, for each cell and kernel (fa4gen's rows, flash-attn-4's as the control: its code is the same in
 every tree, so its spread is the reading's), each tree's SM-active and elapsed cycles by round, their means and the
 means over the working tree's ("work"). Kernel names carry fa4gen's cache key, which differs between trees, so rows
@@ -16,36 +16,20 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import mean
 
-NAME = re.compile(r"^(?P<tree>[A-Za-z0-9_-]+?)__(?P<cell>[A-Za-z0-9_]+)__r(?P<round>\d+)_cycles\.md$")
+from ncu_compare import details
 
-
-def _number(text: str) -> float | None:
-    text = text.strip().replace(",", "")
-    try:
-        return float(text)
-    except ValueError:
-        return None
+NAME = re.compile(r"^(?P<tree>[A-Za-z0-9_-]+?)__(?P<cell>[A-Za-z0-9_]+)__r(?P<round>\d+)_details\.txt$")
 
 
 def read_cycles(path: Path) -> list[tuple[str, float | None, float | None]]:
-    """(kernel label, elapsed cycles, SM-active cycles) for each row of one cycle table, in its order."""
-    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
-    if len(lines) < 2:
-        return []
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    try:
-        i_elapsed, i_active = header.index("elapsed cycles"), header.index("SM-active cycles")
-    except ValueError:
-        raise ValueError(f"{path}: no 'elapsed cycles' / 'SM-active cycles' column in its header") from None
+    """(kernel label, elapsed cycles, SM-active cycles) for each kernel of one details page, in launch order."""
     rows, seen = [], defaultdict(int)
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        kernel = cells[0]
-        kind = "fa4gen" if kernel.startswith("fa4gen") else "flash-attn-4" if kernel.startswith("flash") else "other"
+    for kernel, fields in details(path.read_text(errors="replace")):
+        name = kernel.removeprefix("kernel_cutlass_kernel_")
+        kind = "fa4gen" if name.startswith("fa4gen") else "flash-attn-4" if name.startswith("flash") else "other"
         seen[kind] += 1
         label = kind if seen[kind] == 1 and kind != "other" else f"{kind}#{seen[kind]}"
-        get = lambda i: _number(cells[i]) if i < len(cells) else None  # noqa: E731
-        rows.append((label, get(i_elapsed), get(i_active)))
+        rows.append((label, fields.get("cycles"), fields.get("active_cycles")))
     return rows
 
 
@@ -53,7 +37,7 @@ def collect(folder: Path):
     """{cell: {kernel: {tree: {round: (elapsed, active)}}}} and the rounds seen."""
     data: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     rounds = set()
-    for path in sorted(folder.glob("*_cycles.md")):
+    for path in sorted(folder.glob("*_details.txt")):
         m = NAME.match(path.name)
         if not m:
             continue
@@ -71,7 +55,7 @@ def _fmt(x: float | None) -> str:
 def summary(folder: Path) -> str:
     data, rounds = collect(folder)
     if not data:
-        return f"ncu_ab: no TREE__CELL__rN_cycles.md tables in {folder}\n"
+        return f"ncu_ab: no TREE__CELL__rN_details.txt pages in {folder}\n"
     out = ["| cell | kernel | tree | SM-active cycles by round | mean | / work | elapsed mean | / work |",
            "|---|---|---|---|---|---|---|---|"]
     for cell in sorted(data):
