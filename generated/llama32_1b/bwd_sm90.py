@@ -523,9 +523,6 @@ class FlashBwdSm90:
                 cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                # dV is done (its Pᵀ registers free) before dQᵀ takes its accumulator: with them all live
-                # ptxas would serialize every WGMMA for want of registers
-                warpgroup.wait_group(0)
                 # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
                 warpgroup.fence()
                 tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
@@ -614,9 +611,6 @@ class FlashBwdSm90:
                 cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
                 cute.arch.fence_proxy("async.shared", space="cta")
                 cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                # dV is done (its Pᵀ registers free) before dQᵀ takes its accumulator: with them all live
-                # ptxas would serialize every WGMMA for want of registers
-                warpgroup.wait_group(0)
                 # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
                 warpgroup.fence()
                 tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
