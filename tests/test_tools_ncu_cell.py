@@ -86,3 +86,14 @@ def test_ncu_cell_backward_count_and_usage_errors(tmp_path):
     bare.mkdir()
     done = _run(bare, "fwd", "64", "512", "n", "--fwd", ncu=False)
     assert done.returncode == 2 and "no ncu on PATH" in done.stderr, done.stderr
+
+
+def test_bwd_ncu_refuses_gqa_beside_other_kernels():
+    """bwd_ncu.py --gqa profiles fa4gen's GQA backward and flash-attn-4's only: with a flag that adds a kernel the
+    count ncu_cell.sh passes (-c) would name the wrong ones, so it stops before touching the GPU."""
+    pytest.importorskip("torch")
+    for flag in ("--det", "--swap", "--fwd", "--cudnn"):
+        done = subprocess.run([sys.executable, str(ROOT / "tools" / "bwd_ncu.py"), "128", "2048", "y", "--gqa", flag],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT / "tools",
+                              env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
+        assert done.returncode != 0 and "--gqa: backward of fa4gen's default kernel" in done.stderr, (flag, done.stderr)

@@ -6,8 +6,9 @@
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis_Tables \
         --section ComputeWorkloadAnalysis --section LaunchStats python3 tools/bwd_ncu.py 128 8192 n
 
-Arguments: head dim (D or DxDV, e.g. 192x128), seqlen, causal y/n [--swap] [--det] [--fwd] [--cudnn] (batch
-16384/seqlen, heads 2048/D as in bench_fwd.py). Each implementation runs one backward (compiled on its first call, before its kernels
+Arguments: head dim (D or DxDV, e.g. 192x128), seqlen, causal y/n [--swap] [--det] [--fwd] [--cudnn] [--gqa] (batch
+16384/seqlen, heads 2048/D as in bench_fwd.py; `--gqa`: a quarter as many key/value heads, Llama's ratio, and fa4gen's
+backward compiled with allow_gqa, so its GQA kernel runs). Each implementation runs one backward (compiled on its first call, before its kernels
 launch), so `-c 2` profiles fa4gen's main kernel, then flash-attn-4's (`--swap -c 3`: fa4gen's, its Sᵀ
 variant's, flash-attn-4's). For the per-instruction view add `--section SourceCounters --page source
 --csv --print-source sass > ncu.csv` and read it with `python3 tools/ncu_compare.py ncu.csv`.
@@ -44,9 +45,15 @@ def main():
     swap = "--swap" in sys.argv[4:]  # also fa4gen's Sᵀ backward (pipeline.bwd_swap_ab), profiled second
     det = "--det" in sys.argv[4:]  # also fa4gen's deterministic backward, profiled after the default one
     cudnn = "--cudnn" in sys.argv[4:]  # also torch SDPA's cuDNN attention, profiled last
+    gqa = "--gqa" in sys.argv[4:]  # key/value heads = query heads / 4, fa4gen's GQA backward kernel
+    if gqa and (fwd or swap or det or cudnn):
+        raise SystemExit("--gqa: backward of fa4gen's default kernel and flash-attn-4's only (not with --fwd, --swap, "
+                         "--det or --cudnn)")
     b, h = 16384 // s, 2048 // d
-    q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd) for _ in range(2))
-    v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
+    h_kv = h // 4 if gqa else h
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
+    k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
+    v = torch.randn(b, s, h_kv, dv, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
     if fwd:
         pkg = fa4gen.build(_fwd_spec(d, causal, dv))
         pkg.attention(q, k, v)
@@ -57,7 +64,7 @@ def main():
             _sdpa_bshd(_sdpa("cudnn"), causal)(q, k, v)
         torch.cuda.synchronize()
         return
-    runs = [fa4gen.build(_bwd_spec(d, causal, False, dv=dv)).attention]
+    runs = [fa4gen.build(_bwd_spec(d, causal, False, dv=dv, gqa=gqa)).attention]
     if swap:
         runs.append(fa4gen.build(_bwd_spec(d, causal, False, swap_ab=True, dv=dv)).attention)
     if det:

@@ -17,7 +17,7 @@
 # only: the source counters cost most of the replay passes.
 set -euo pipefail
 if (( $# < 4 )); then
-  echo "usage: tools/ncu_cell.sh NAME D SEQLEN y|n [--fwd] [--cudnn] [--swap] [--det] (tools/bwd_ncu.py's arguments)" >&2
+  echo "usage: tools/ncu_cell.sh NAME D SEQLEN y|n [--fwd] [--cudnn] [--swap] [--det] [--gqa] (tools/bwd_ncu.py's arguments)" >&2
   exit 2
 fi
 name=$1
