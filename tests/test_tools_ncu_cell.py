@@ -97,3 +97,7 @@ def test_bwd_ncu_refuses_gqa_beside_other_kernels():
                               capture_output=True, text=True, timeout=300, cwd=ROOT / "tools",
                               env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
         assert done.returncode != 0 and "--gqa: backward of fa4gen's default kernel" in done.stderr, (flag, done.stderr)
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bwd_ncu.py"), "96", "2048", "y", "--gqa"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT / "tools",
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
+    assert done.returncode != 0 and "21 query heads (2048 / 96) do not split into groups of 4" in done.stderr

@@ -50,6 +50,9 @@ def main():
         raise SystemExit("--gqa: backward of fa4gen's default kernel and flash-attn-4's only (not with --fwd, --swap, "
                          "--det or --cudnn)")
     b, h = 16384 // s, 2048 // d
+    if gqa and h % 4:
+        raise SystemExit(f"--gqa: {h} query heads (2048 / {d}) do not split into groups of 4; use a head dim with "
+                         "2048 / D divisible by 4 (64, 128, 256)")
     h_kv = h // 4 if gqa else h
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
     k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=not fwd)
