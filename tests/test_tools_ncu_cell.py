@@ -88,16 +88,20 @@ def test_ncu_cell_backward_count_and_usage_errors(tmp_path):
     assert done.returncode == 2 and "no ncu on PATH" in done.stderr, done.stderr
 
 
-def test_bwd_ncu_refuses_gqa_beside_other_kernels():
+def _bwd_ncu(*args: str) -> subprocess.CompletedProcess:
+    """tools/bwd_ncu.py run as ncu would run it (its collector's variable set), without a GPU."""
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "bwd_ncu.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT / "tools",
+                          env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
+
+
+def test_bwd_ncu_gqa_refuses_what_it_cannot_profile():
     """bwd_ncu.py --gqa profiles fa4gen's GQA backward and flash-attn-4's only: with a flag that adds a kernel the
-    count ncu_cell.sh passes (-c) would name the wrong ones, so it stops before touching the GPU."""
+    count ncu_cell.sh passes (-c) would name the wrong ones, and a head dim whose 2048 / D query heads do not split
+    into groups of 4 has no GQA layout: both stop with a message before touching the GPU."""
     pytest.importorskip("torch")
     for flag in ("--det", "--swap", "--fwd", "--cudnn"):
-        done = subprocess.run([sys.executable, str(ROOT / "tools" / "bwd_ncu.py"), "128", "2048", "y", "--gqa", flag],
-                              capture_output=True, text=True, timeout=300, cwd=ROOT / "tools",
-                              env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
+        done = _bwd_ncu("128", "2048", "y", "--gqa", flag)
         assert done.returncode != 0 and "--gqa: backward of fa4gen's default kernel" in done.stderr, (flag, done.stderr)
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "bwd_ncu.py"), "96", "2048", "y", "--gqa"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT / "tools",
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_INJECTION64_PATH="stand-in"))
+    done = _bwd_ncu("96", "2048", "y", "--gqa")
     assert done.returncode != 0 and "21 query heads (2048 / 96) do not split into groups of 4" in done.stderr
