@@ -14,7 +14,7 @@ pytestmark = pytest.mark.compile
 
 pytest.importorskip("cutlass")
 from conftest import backward_block_loops, backward_main_sass  # noqa: E402
-from fa4gen.compile.sass import find_nvdisasm, loops  # noqa: E402
+from fa4gen.compile.sass import find_nvdisasm  # noqa: E402
 
 if find_nvdisasm() is None:
     pytest.skip("nvdisasm not installed (needed for the SASS)", allow_module_level=True)
