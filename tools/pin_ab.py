@@ -1,0 +1,75 @@
+"""Two forward kernels of one spec pinned in turn in one process (GPU): TFLOP/s of each, alternated over
+rounds, so a dispatch rule can be read without a patch. Causal-style work is counted exactly (as bench_fwd.py
+counts a chunked or windowed call's pairs).
+
+Run (GPU): `python3 tools/pin_ab.py --head-dim 128 --chunk 1024 --seqlens 4096,8192 [--window LEFT] [--rounds 3]`;
+prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's median over the second's.
+"""
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--chunk", type=int, default=None, help="chunked mask of this many keys")
+    ap.add_argument("--window", type=int, default=None, metavar="LEFT", help="sliding window (LEFT, 0)")
+    ap.add_argument("--seqlens", default="4096,8192")
+    ap.add_argument("--kernels", default="fwd_sm90,fwd_sm90_long")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args(argv)
+    if (args.chunk is None) == (args.window is None):
+        ap.error("give exactly one of --chunk KEYS / --window LEFT")
+    if args.rounds < 1 or args.iters < 1:
+        ap.error("--rounds / --iters: expected positive counts")
+    kernels = args.kernels.split(",")
+    if len(kernels) != 2:
+        ap.error(f"--kernels: expected two forward kernels joined by a comma, got {args.kernels!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("pin_ab: needs a CUDA GPU (it times kernels); none is visible here")
+    import fa4gen
+    from bench_fwd import _causal_keys
+
+    mask = ({"kind": "chunked", "chunk_size": args.chunk} if args.chunk else
+            {"kind": "sliding_window", "left": args.window, "right": 0})
+    tag = f"c{args.chunk}" if args.chunk else f"w{args.window}"
+    spec = dict(name=f"pin_ab_d{args.head_dim}_{tag}", targets=["sm90"], dtype="bf16", head_dim=args.head_dim,
+                mask=mask, allow_gqa=False)
+    pkg = fa4gen.build(spec)
+    op = pkg._forward
+    d = args.head_dim
+    for s in (int(x) for x in args.seqlens.split(",")):
+        b, h = max(1, 16384 // s), 2048 // d
+        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        pairs = _causal_keys(s, args.window, args.chunk)
+        flops = 4 * b * h * pairs * d
+        got = {name: [] for name in kernels}
+        for r in range(args.rounds):
+            for name in (kernels if r % 2 == 0 else kernels[::-1]):
+                with op.pinned(name):
+                    pkg.attention(q, k, v)
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(args.iters):
+                        pkg.attention(q, k, v)
+                    end.record()
+                    torch.cuda.synchronize()
+                got[name].append(flops * args.iters / (start.elapsed_time(end) * 1e-3) / 1e12)
+        meds = {name: statistics.median(vals) for name, vals in got.items()}
+        for name in kernels:
+            print(f"d{d} {tag} s{s} {name:16s} " + " ".join(f"{x:6.1f}" for x in got[name]) + f"  median {meds[name]:6.1f}")
+        print(f"d{d} {tag} s{s} {kernels[0]} / {kernels[1]}: {meds[kernels[0]] / meds[kernels[1]]:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
