@@ -16,8 +16,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, message", [
-    ((), "exactly one of --chunk KEYS / --window LEFT"),
-    (("--chunk", "1024", "--window", "512"), "exactly one of --chunk KEYS / --window LEFT"),
+    ((), "exactly one of --chunk KEYS / --window LEFT / --mask"),
+    (("--chunk", "1024", "--window", "512"), "exactly one of"),
+    (("--mask", "causal", "--chunk", "64"), "exactly one of"),
+    (("--mask", "window"), "invalid choice"),
     (("--chunk", "1024", "--rounds", "0"), "--rounds / --iters: expected positive counts"),
     (("--chunk", "1024", "--kernels", "fwd_sm90"), "--kernels: expected two forward kernels"),
 ])

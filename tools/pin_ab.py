@@ -2,8 +2,10 @@
 rounds, so a dispatch rule can be read without a patch. Causal-style work is counted exactly (as bench_fwd.py
 counts a chunked or windowed call's pairs).
 
-Run (GPU): `python3 tools/pin_ab.py --head-dim 128 --chunk 1024 --seqlens 4096,8192 [--window LEFT] [--rounds 3]`;
-prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's median over the second's.
+Run (GPU): `python3 tools/pin_ab.py --head-dim 128 (--chunk KEYS | --window LEFT | --mask causal|none) --seqlens
+4096,8192 [--rounds 3]`; prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's
+median over the second's. E.g. `--mask causal --seqlens 4096,8192,16384` reads the masked d128 persistent forward's
+bound (PERSISTENT_MAX_SEQLEN_Q, set from calls without a mask) where causal calls cross it.
 """
 
 import argparse
@@ -19,13 +21,14 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=None, help="chunked mask of this many keys")
     ap.add_argument("--window", type=int, default=None, metavar="LEFT", help="sliding window (LEFT, 0)")
+    ap.add_argument("--mask", choices=("causal", "none"), default=None, help="a causal mask or none instead")
     ap.add_argument("--seqlens", default="4096,8192")
     ap.add_argument("--kernels", default="fwd_sm90,fwd_sm90_long")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
-    if (args.chunk is None) == (args.window is None):
-        ap.error("give exactly one of --chunk KEYS / --window LEFT")
+    if sum(x is not None for x in (args.chunk, args.window, args.mask)) != 1:
+        ap.error("give exactly one of --chunk KEYS / --window LEFT / --mask causal|none")
     if args.rounds < 1 or args.iters < 1:
         ap.error("--rounds / --iters: expected positive counts")
     kernels = args.kernels.split(",")
@@ -38,9 +41,12 @@ def main(argv=None) -> int:
     import fa4gen
     from bench_fwd import _causal_keys
 
-    mask = ({"kind": "chunked", "chunk_size": args.chunk} if args.chunk else
-            {"kind": "sliding_window", "left": args.window, "right": 0})
-    tag = f"c{args.chunk}" if args.chunk else f"w{args.window}"
+    if args.mask:
+        mask, tag = {"kind": args.mask}, args.mask
+    elif args.chunk:
+        mask, tag = {"kind": "chunked", "chunk_size": args.chunk}, f"c{args.chunk}"
+    else:
+        mask, tag = {"kind": "sliding_window", "left": args.window, "right": 0}, f"w{args.window}"
     spec = dict(name=f"pin_ab_d{args.head_dim}_{tag}", targets=["sm90"], dtype="bf16", head_dim=args.head_dim,
                 mask=mask, allow_gqa=False)
     pkg = fa4gen.build(spec)
@@ -49,7 +55,7 @@ def main(argv=None) -> int:
     for s in (int(x) for x in args.seqlens.split(",")):
         b, h = max(1, 16384 // s), 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        pairs = _causal_keys(s, args.window, args.chunk)
+        pairs = s * s if args.mask == "none" else _causal_keys(s, args.window, args.chunk)
         flops = 4 * b * h * pairs * d
         got = {name: [] for name in kernels}
         for r in range(args.rounds):
