@@ -4,7 +4,8 @@ counts a chunked or windowed call's pairs).
 
 Run (GPU): `python3 tools/pin_ab.py --head-dim 128 (--chunk KEYS | --window LEFT | --mask causal|none) --seqlens
 4096,8192 [--rounds 3]`; prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's
-median over the second's. E.g. `--mask causal --seqlens 4096,8192,16384` reads the masked d128 persistent forward's
+median over the second's; the two kernels' outputs of each cell are compared (max |diff| <= 2^-6, else it
+stops). E.g. `--mask causal --seqlens 4096,8192,16384` reads the masked d128 persistent forward's
 bound (PERSISTENT_MAX_SEQLEN_Q, set from calls without a mask) where causal calls cross it.
 """
 
@@ -70,10 +71,18 @@ def main(argv=None) -> int:
                     end.record()
                     torch.cuda.synchronize()
                 got[name].append(flops * args.iters / (start.elapsed_time(end) * 1e-3) / 1e12)
+        outs = []
+        for name in kernels:  # the two kernels must agree on this call (a pinned kernel off its usual lengths)
+            with op.pinned(name):
+                outs.append(pkg.attention(q, k, v).float())
+        diff = (outs[0] - outs[1]).abs().max().item()
+        if not diff <= 2.0**-6:  # (NaN fails too) bf16 outputs of |o| <= 1: the kernels' rounding differs by ulps
+            raise SystemExit(f"pin_ab: {kernels[0]} and {kernels[1]} disagree at s{s}: max |diff| {diff:.3g}")
         meds = {name: statistics.median(vals) for name, vals in got.items()}
         for name in kernels:
             print(f"d{d} {tag} s{s} {name:16s} " + " ".join(f"{x:6.1f}" for x in got[name]) + f"  median {meds[name]:6.1f}")
-        print(f"d{d} {tag} s{s} {kernels[0]} / {kernels[1]}: {meds[kernels[0]] / meds[kernels[1]]:.3f}")
+        print(f"d{d} {tag} s{s} {kernels[0]} / {kernels[1]}: {meds[kernels[0]] / meds[kernels[1]]:.3f} "
+              f"(outputs agree within {diff:.2g})")
     return 0
 
 
