@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fa4gen.api.runtime import ForwardOp
@@ -79,6 +79,9 @@ def _reject(pkg, call):
 
 @FUZZ
 @given(st.sampled_from(PACKAGES), shapes, st.sampled_from(sorted(MUTATIONS)), st.integers(0, 20))
+# (a packed call without keys, k one dim short: found by a longer random run, session 63; the harness's rank
+# mutation indexed the empty first dim)
+@example(name="qwen2_7b_packed", shape=(1, 1, 0, 2, 2), kind="k_rank", variant=1)
 def test_every_bad_call_is_refused_before_launch(name, shape, kind, variant):
     pkg, plan = _package(name)
     base = good_call(plan, shape=shape)

@@ -89,12 +89,18 @@ def _tensor_mutations(name: str):
     return {
         f"{name}_type": (name, len(NOT_TENSORS), lambda c, i, p: _swap(c, name, NOT_TENSORS[i])),
         f"{name}_dtype": (name, 4, lambda c, i, p: _swap(c, name, _other_dtype(getattr(c, name), i))),
-        f"{name}_rank": (name, 2, lambda c, i, p: _swap(c, name, getattr(c, name)[0] if i else getattr(c, name)[None])),
+        f"{name}_rank": (name, 2, lambda c, i, p: _swap(c, name, _one_dim_less(getattr(c, name)) if i else getattr(c, name)[None])),
         f"{name}_head_dim": (name, 2, lambda c, i, p: _swap(c, name, _resize_last(getattr(c, name), -16 if i else 16))),
         f"{name}_stride": (name, 1, lambda c, i, p: _swap(c, name, _last_dim_strided(getattr(c, name)))),
         f"{name}_grad": (name, 1, lambda c, i, p: _swap(c, name, getattr(c, name).clone().requires_grad_())),
         f"{name}_device": (name, 1, lambda c, i, p: _swap(c, name, getattr(c, name).cpu())),
     }
+
+
+def _one_dim_less(t: torch.Tensor) -> torch.Tensor:
+    """t with one dim fewer: its first entry along dim 0, or, when dim 0 is empty (a packed call without keys),
+    the first two dims merged."""
+    return t[0] if t.shape[0] else t.flatten(0, 1)
 
 
 def _resize_last(t: torch.Tensor, delta: int) -> torch.Tensor:
