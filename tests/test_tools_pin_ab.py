@@ -20,7 +20,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     (("--chunk", "1024", "--window", "512"), "exactly one of"),
     (("--mask", "causal", "--chunk", "64"), "exactly one of"),
     (("--mask", "window"), "invalid choice"),
-    (("--chunk", "1024", "--rounds", "0"), "--rounds / --iters: expected positive counts"),
+    (("--chunk", "1024", "--rounds", "0"), "--rounds: expected a positive count"),
     (("--chunk", "1024", "--kernels", "fwd_sm90"), "--kernels: expected two forward kernels"),
 ])
 def test_refuses_bad_arguments(args, message):

@@ -1,6 +1,6 @@
 """Two forward kernels of one spec pinned in turn in one process (GPU): TFLOP/s of each, alternated over
-rounds, so a dispatch rule can be read without a patch. Causal-style work is counted exactly (as bench_fwd.py
-counts a chunked or windowed call's pairs).
+rounds, so a dispatch rule can be read without a patch. The spec, the pair count (chunked and windowed calls
+exactly) and the timing are bench_fwd.py's (its grid spec of the row, do_bench medians with L2 flushed).
 
 Run (GPU): `python3 tools/pin_ab.py --head-dim 128 (--chunk KEYS | --window LEFT | --mask causal|none) --seqlens
 4096,8192 [--rounds 3]`; prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's
@@ -26,12 +26,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlens", default="4096,8192")
     ap.add_argument("--kernels", default="fwd_sm90,fwd_sm90_long")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args(argv)
     if sum(x is not None for x in (args.chunk, args.window, args.mask)) != 1:
         ap.error("give exactly one of --chunk KEYS / --window LEFT / --mask causal|none")
-    if args.rounds < 1 or args.iters < 1:
-        ap.error("--rounds / --iters: expected positive counts")
+    if args.rounds < 1:
+        ap.error("--rounds: expected a positive count")
     kernels = args.kernels.split(",")
     if len(kernels) != 2:
         ap.error(f"--kernels: expected two forward kernels joined by a comma, got {args.kernels!r}")
@@ -40,37 +39,23 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("pin_ab: needs a CUDA GPU (it times kernels); none is visible here")
     import fa4gen
-    from bench_fwd import _causal_keys
+    from bench_fwd import _causal_keys, _fwd_spec, bench_ms, rotation
 
-    if args.mask:
-        mask, tag = {"kind": args.mask}, args.mask
-    elif args.chunk:
-        mask, tag = {"kind": "chunked", "chunk_size": args.chunk}, f"c{args.chunk}"
-    else:
-        mask, tag = {"kind": "sliding_window", "left": args.window, "right": 0}, f"w{args.window}"
-    spec = dict(name=f"pin_ab_d{args.head_dim}_{tag}", targets=["sm90"], dtype="bf16", head_dim=args.head_dim,
-                mask=mask, allow_gqa=False)
-    pkg = fa4gen.build(spec)
+    causal = args.mask != "none"
+    tag = args.mask or (f"c{args.chunk}" if args.chunk else f"w{args.window}")
+    pkg = fa4gen.build(_fwd_spec(args.head_dim, causal, window=args.window, chunk=args.chunk))
     op = pkg._forward
     d = args.head_dim
     for s in (int(x) for x in args.seqlens.split(",")):
         b, h = max(1, 16384 // s), 2048 // d
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        pairs = s * s if args.mask == "none" else _causal_keys(s, args.window, args.chunk)
+        pairs = _causal_keys(s, args.window, args.chunk) if causal else s * s
         flops = 4 * b * h * pairs * d
         got = {name: [] for name in kernels}
         for r in range(args.rounds):
-            for name in (kernels if r % 2 == 0 else kernels[::-1]):
+            for name in rotation(kernels, r):
                 with op.pinned(name):
-                    pkg.attention(q, k, v)
-                    torch.cuda.synchronize()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(args.iters):
-                        pkg.attention(q, k, v)
-                    end.record()
-                    torch.cuda.synchronize()
-                got[name].append(flops * args.iters / (start.elapsed_time(end) * 1e-3) / 1e12)
+                    got[name].append(flops / (bench_ms(lambda: pkg.attention(q, k, v)) * 1e-3) / 1e12)
         outs = []
         for name in kernels:  # the two kernels must agree on this call (a pinned kernel off its usual lengths)
             with op.pinned(name):
