@@ -193,7 +193,9 @@ def test_persistent_forward_strides_over_many_tiles(name):
     runs several (Q's buffer, O's buffer and the K/V stages cycle over tiles of other heads and batches),
     with a partial last query tile, a partial last key block and GQA. Calls from PERSISTENT_MAX_SEQLEN_Q
     query rows on (d64 without a mask: PERSISTENT_MAX_SEQLEN_Q_192) run the one-CTA-per-tile twin
-    (fwd_sm90_long; masked d64 specs: their 192-row kernel from LONG_SEQLEN_Q). Masked specs stride over units of
+    (fwd_sm90_long; masked d64 specs: their 192-row kernel from LONG_SEQLEN_Q), unless the call's chunks or sliding
+    window are short (PERSISTENT_CHUNK_KEYS / PERSISTENT_WINDOW_KEYS; d64: LONG_CHUNK_KEYS / LONG_WINDOW_KEYS): those
+    stay on the persistent forward, here the long calls with chunks of 96 keys or a window of 301. Masked specs stride over units of
     two query tiles (j and num_m - 1 - j; chunked calls whose chunks hold whole tiles and end in a partial one split
     each pair's tiles, schedule.chunk_ramp); seqlen_k below seqlen_q leaves causal rows without keys (bottom-right)."""
     from fa4gen.plan.sm90 import PERSISTENT_CTAS, PERSISTENT_MAX_SEQLEN_Q_192
@@ -212,6 +214,10 @@ def test_persistent_forward_strides_over_many_tiles(name):
     calls = {"sliding_window": [dict(window=w) for w in ((37, 5), (0, 0), (300, -1), (-1, 20))],
              "chunked": [dict(chunk_size=c) for c in (96, 64, 200)]}.get(kind, [{}])
     calls = [calls[i % len(calls)] for i in range(len(shapes))]
+    if kind == "sliding_window" and long_plan.get("min_window_keys"):
+        # a long call with a short window: the persistent forward at a length its twin would otherwise take
+        shapes.append((1, long_q + 100, long_q, 4, 1))
+        calls.append(dict(window=(300, 0)))
     if kind == "chunked":
         # chunks of whole query tiles with a partial last chunk: the persistent order splits each pair's tiles
         # (schedule.chunk_ramp; the calls above have chunks off the tiles, which keep the order without a split)
@@ -224,7 +230,9 @@ def test_persistent_forward_strides_over_many_tiles(name):
         kwargs = calls[i]
         plan = op.forward_plan("sm90", s_q, kwargs.get("window"), kwargs.get("chunk_size"))
         long_call = s_q >= long_q
-        if long_call and long_plan.get("min_window_keys"):  # d64 windows / chunks: only wide ones (LONG_WINDOW_KEYS)
+        # windows / chunks: only wide ones (d64's 192-row kernel: LONG_WINDOW_KEYS / LONG_CHUNK_KEYS; a 128-row
+        # persistent forward's twin: PERSISTENT_WINDOW_KEYS / PERSISTENT_CHUNK_KEYS)
+        if long_call and long_plan.get("min_window_keys"):
             left, right = kwargs.get("window", (spec["mask"].get("left"), spec["mask"].get("right")))
             keys = (kwargs.get("chunk_size", spec["mask"].get("chunk_size")) if kind == "chunked"
                     else float("inf") if min(left, right) < 0 else left + right + 1)
@@ -234,7 +242,9 @@ def test_persistent_forward_strides_over_many_tiles(name):
         if not long_call:
             num_m = -(-s_q // plan["tile_m"])
             work = (num_m + 1) // 2 * h * b if masked else num_m * h * b  # units of two tiles / tiles
-            assert work > PERSISTENT_CTAS, (s_q, work)  # (masked: more tiles than CTAs, so paired)
+            # (masked: more tiles than CTAs, so paired; a long call that a short window or chunk keeps on the
+            # persistent forward may have fewer)
+            assert work > PERSISTENT_CTAS or s_q >= long_q, (s_q, work)
             if kind == "chunked" and i >= len(shapes) - 2:  # the split calls do split
                 from fa4gen.device import schedule
 

@@ -172,14 +172,13 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
     if p.tile_m == "auto":
         notes.append(f"tile_m auto -> {tile_m} ({'3 consumer warpgroups for head dims <= 64 without a mask: +14-16% over 128 on the H200' if small else '2 consumer warpgroups'})")
     if long_kernel:
+        keys = _short_mask_keys(kind, LONG_WINDOW_KEYS, LONG_CHUNK_KEYS) if persistent else 0
         notes.append(f"calls with seqlen_q >= {LONG_SEQLEN_Q} run the 192-row kernel fwd_sm90_long instead"
-                     + (f", unless their sliding window spans fewer than {LONG_WINDOW_KEYS} keys per row"
-                        if kind == "sliding_window" and persistent else "")
-                     + (f", unless their chunks are shorter than {LONG_CHUNK_KEYS} keys"
-                        if kind == "chunked" and persistent else ""))
+                     + _short_mask_unless(kind, keys))
     if persistent and not long_kernel:
+        keys = _short_mask_keys(kind, PERSISTENT_WINDOW_KEYS, PERSISTENT_CHUNK_KEYS)
         notes.append(f"calls with seqlen_q >= {persistent_max_seqlen_q(tile_m, overlap)} run fwd_sm90_long instead "
-                     "(one CTA per tile)")
+                     f"(one CTA per tile){_short_mask_unless(kind, keys)}")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
@@ -273,6 +272,16 @@ PERSISTENT_MAX_SEQLEN_Q = 4096
 # +4.7% / +3.4%, s16384 -3.1%. d128 (128 rows) read 1.004 / 0.988 / 0.996 at 4k / 8k / 16k in the same run: its
 # bound stays.
 PERSISTENT_MAX_SEQLEN_Q_192 = 8193
+# ... and for a masked 128-row persistent forward (d65-128, or d <= 64 with tile_m set), calls whose chunks are shorter
+# than PERSISTENT_CHUNK_KEYS keys, or whose sliding window spans fewer than PERSISTENT_WINDOW_KEYS keys per row, keep
+# the persistent forward at every seqlen_q, as the 192-row kernel's LONG_CHUNK_KEYS / LONG_WINDOW_KEYS rules do for
+# d64. A chunked call is causal attention over one chunk at a time, so the causal bound applies to the chunk's
+# length; a window of W keys gives every query tile about W keys of work, as a call of W keys without a mask, whose
+# persistent gain falls from +5-8% at 1k to +2-4% at 2k and turns at 4k (session 14), so the d64 window bound is
+# kept. Session 63 (H100, one pass): d128 chunks of 1024 keys ran 389 / 394 TFLOP/s at s4k / s8k on the
+# one-CTA-per-tile kernel, against 480.6 for a causal s1k call (persistent; session 58, H100), the same work per tile.
+PERSISTENT_CHUNK_KEYS = PERSISTENT_MAX_SEQLEN_Q
+PERSISTENT_WINDOW_KEYS = 2050
 
 
 # Where the persistent forward is planned: head dims up to 160 without a mask (64/96/128 ran on the H200 in sessions 14-15; 144 and
@@ -324,17 +333,16 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
         plan = plan_forward(spec, allow_persistent=False)
         note = (f"dispatch: the API runs this one-CTA-per-tile kernel for calls with seqlen_q >= "
                 f"{bound}, the persistent fwd_sm90 below")
-        return replace(plan, module="fwd_sm90_long", min_seqlen_q=bound, notes=(*plan.notes, note))
+        window_keys = _short_mask_keys(spec.mask.kind, PERSISTENT_WINDOW_KEYS, PERSISTENT_CHUNK_KEYS)
+        note += _short_mask_dispatch(spec.mask.kind, window_keys)
+        return replace(plan, module="fwd_sm90_long", min_seqlen_q=bound, min_window_keys=window_keys,
+                       notes=(*plan.notes, note))
     p = spec.pipeline
     plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}), allow_persistent=False)
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "
             f"sequence when packed), fwd_sm90 (128 rows) below")
     window_keys = _window_bound(spec)
-    if window_keys and spec.mask.kind == "chunked":
-        note += f", and for calls whose chunks are shorter than {window_keys} keys fwd_sm90 at every seqlen_q"
-    elif window_keys:
-        note += (f", and for calls whose sliding window spans fewer than {window_keys} keys per row (left + right + 1) "
-                 f"fwd_sm90 at every seqlen_q")
+    note += _short_mask_dispatch(spec.mask.kind, window_keys)
     return replace(plan, module="fwd_sm90_long", min_seqlen_q=LONG_SEQLEN_Q, min_window_keys=window_keys,
                    notes=(*plan.notes, note))
 
@@ -343,10 +351,35 @@ def _window_bound(spec: AttentionSpec) -> int:
     """The 192-row kernel's dispatch bound on the keys a row spans for a sliding-window (LONG_WINDOW_KEYS) or
     chunked (LONG_CHUNK_KEYS) spec whose 128-row forward is persistent (0: none; the window and the chunk size are
     call arguments, so the bound applies to the call's)."""
-    bound = {"sliding_window": LONG_WINDOW_KEYS, "chunked": LONG_CHUNK_KEYS}.get(spec.mask.kind, 0)
+    bound = _short_mask_keys(spec.mask.kind, LONG_WINDOW_KEYS, LONG_CHUNK_KEYS)
     if not bound or plan_forward(spec).scheduler != "persistent":
         return 0
     return bound
+
+
+def _short_mask_keys(kind: str, window_keys: int, chunk_keys: int) -> int:
+    """A long-call kernel's min_window_keys for a mask `kind`: `window_keys` for sliding windows, `chunk_keys` for
+    chunks, 0 (every call) otherwise."""
+    return {"sliding_window": window_keys, "chunked": chunk_keys}.get(kind, 0)
+
+
+def _short_mask_unless(kind: str, keys: int) -> str:
+    """The default forward's note on which long calls stay with it (empty without a bound)."""
+    if not keys:
+        return ""
+    if kind == "chunked":
+        return f", unless their chunks are shorter than {keys} keys"
+    return f", unless their sliding window spans fewer than {keys} keys per row"
+
+
+def _short_mask_dispatch(kind: str, keys: int) -> str:
+    """The long-call kernel's dispatch note on the calls that run fwd_sm90 instead (empty without a bound)."""
+    if not keys:
+        return ""
+    if kind == "chunked":
+        return f", and for calls whose chunks are shorter than {keys} keys fwd_sm90 at every seqlen_q"
+    return (f", and for calls whose sliding window spans fewer than {keys} keys per row (left + right + 1) "
+            f"fwd_sm90 at every seqlen_q")
 
 
 # d <= 64 without a mask runs 192-row tiles, which compute more rows per second than 128-row ones (+14-16% at full tiles,
