@@ -342,40 +342,47 @@ def test_short_chunks_keep_the_128_row_forward(cache_dir):
 
 
 def test_short_chunks_and_windows_keep_the_persistent_forward(cache_dir):
-    """A masked d128 spec's persistent forward hands calls from PERSISTENT_MAX_SEQLEN_Q query rows on to its
+    """A masked d128 spec's persistent forward hands calls from PERSISTENT_MAX_SEQLEN_Q_MASKED query rows on to its
     one-CTA-per-tile twin, except calls whose chunks are shorter than PERSISTENT_CHUNK_KEYS (the causal bound: a
     chunked call is causal attention over one chunk at a time) or whose sliding window spans fewer than
     PERSISTENT_WINDOW_KEYS keys per row: those run the persistent forward at every seqlen_q. The call's chunk / window
     decides, the spec's when it passes none; a causal spec and a packed (varlen: not persistent) one keep the seqlen_q
     rule alone."""
     from fa4gen.golden.checks import check_name
-    from fa4gen.plan.sm90 import PERSISTENT_CHUNK_KEYS, PERSISTENT_MAX_SEQLEN_Q, PERSISTENT_WINDOW_KEYS
+    from fa4gen.plan.sm90 import (PERSISTENT_CHUNK_KEYS, PERSISTENT_MAX_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q_MASKED,
+                                   PERSISTENT_WINDOW_KEYS)
 
     base = dict(VALID, dtype="bf16", head_dim=128)
     chunked = fa4gen.build(dict(base, name="chunk_probe_d128", mask={"kind": "chunked", "chunk_size": 1024}))._forward
     (long,) = chunked.long_plans["sm90"]
-    assert (long["module"], long["min_seqlen_q"]) == ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q)
-    assert long["min_window_keys"] == PERSISTENT_CHUNK_KEYS == PERSISTENT_MAX_SEQLEN_Q
-    assert "chunks are shorter than 4096 keys" in long["notes"][-1]
-    assert check_name(long, "fwd") == f"seqlen_q>={PERSISTENT_MAX_SEQLEN_Q} chunk>={PERSISTENT_CHUNK_KEYS}keys fwd"
+    assert (long["module"], long["min_seqlen_q"]) == ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q_MASKED)
+    assert long["min_window_keys"] == PERSISTENT_CHUNK_KEYS == PERSISTENT_MAX_SEQLEN_Q_MASKED
+    assert "chunks are shorter than 8192 keys" in long["notes"][-1]
+    bound = PERSISTENT_MAX_SEQLEN_Q_MASKED
+    assert check_name(long, "fwd") == f"seqlen_q>={bound} chunk>={PERSISTENT_CHUNK_KEYS}keys fwd"
     pick = lambda op, s, w=None, c=None: op.forward_plan("sm90", s, w, c)["module"]  # noqa: E731
-    assert [pick(chunked, s) for s in (1, PERSISTENT_MAX_SEQLEN_Q, 10**6)] == ["fwd_sm90"] * 3  # the spec's 1024
-    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q, c=PERSISTENT_CHUNK_KEYS) == "fwd_sm90_long"
-    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q, c=PERSISTENT_CHUNK_KEYS - 1) == "fwd_sm90"
-    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q - 1, c=8192) == "fwd_sm90"  # below the bound: persistent anyway
+    assert [pick(chunked, s) for s in (1, bound, 10**6)] == ["fwd_sm90"] * 3  # the spec's 1024
+    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q_MASKED, c=PERSISTENT_CHUNK_KEYS) == "fwd_sm90_long"
+    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q_MASKED, c=PERSISTENT_CHUNK_KEYS - 1) == "fwd_sm90"
+    assert pick(chunked, PERSISTENT_MAX_SEQLEN_Q_MASKED - 1, c=2 * PERSISTENT_CHUNK_KEYS) == "fwd_sm90"  # below the bound
 
     windowed = fa4gen.build(dict(base, name="window_probe_d128",
                                  mask={"kind": "sliding_window", "left": 4095, "right": 0}))._forward
     (long,) = windowed.long_plans["sm90"]
     assert long["min_window_keys"] == PERSISTENT_WINDOW_KEYS
-    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q) == "fwd_sm90_long"  # the spec's window: 4096 keys
-    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q, (PERSISTENT_WINDOW_KEYS - 1, 0)) == "fwd_sm90_long"
+    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q_MASKED) == "fwd_sm90_long"  # the spec's window: 4096 keys
+    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q_MASKED, (PERSISTENT_WINDOW_KEYS - 1, 0)) == "fwd_sm90_long"
     assert pick(windowed, 10**6, (PERSISTENT_WINDOW_KEYS - 2, 0)) == "fwd_sm90"
-    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q, (1000, PERSISTENT_WINDOW_KEYS - 1001)) == "fwd_sm90_long"
-    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q, (-1, 0)) == "fwd_sm90_long"  # unbounded: as causal
+    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q_MASKED, (1000, PERSISTENT_WINDOW_KEYS - 1001)) == "fwd_sm90_long"
+    assert pick(windowed, PERSISTENT_MAX_SEQLEN_Q_MASKED, (-1, 0)) == "fwd_sm90_long"  # unbounded: as causal
 
     causal = fa4gen.build(dict(base, name="causal_probe_d128", mask={"kind": "causal"}))._forward
     assert causal.long_plans["sm90"][0]["min_window_keys"] == 0
+    # masked calls keep the persistent forward below PERSISTENT_MAX_SEQLEN_Q_MASKED; calls without a mask hand over
+    # from PERSISTENT_MAX_SEQLEN_Q (session 64's causal pins)
+    assert PERSISTENT_MAX_SEQLEN_Q < PERSISTENT_MAX_SEQLEN_Q_MASKED
+    assert [pick(causal, s) for s in (PERSISTENT_MAX_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q_MASKED - 1,
+                                      PERSISTENT_MAX_SEQLEN_Q_MASKED)] == ["fwd_sm90", "fwd_sm90", "fwd_sm90_long"]
     packed = fa4gen.build(dict(base, name="chunk_probe_d128_packed", varlen=True,
                                mask={"kind": "chunked", "chunk_size": 1024}))._forward
     assert packed.long_plans.get("sm90", []) == []  # a varlen forward is not persistent: one kernel

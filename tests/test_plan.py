@@ -383,7 +383,7 @@ def test_tile_m_two_or_three_warpgroups(head_dim, tile_m):
 def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
     """tile_m auto on a masked d <= 64 spec: the default 128-row forward plus a 192-row one the API runs
     from LONG_SEQLEN_Q on; an explicit tile_m or a larger head dim get the persistent forward and its twin."""
-    from fa4gen.plan.sm90 import LONG_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q
+    from fa4gen.plan.sm90 import LONG_SEQLEN_Q, PERSISTENT_MAX_SEQLEN_Q_MASKED
 
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "causal"}, {}))
     fwd = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
@@ -409,7 +409,7 @@ def test_masked_head_dim_64_auto_gets_a_long_192_row_kernel():
         # no 192-row kernel: the persistent forward and its one-CTA-per-tile twin (same tiles)
         fwd = [p for p in plan_kernels(spec, "sm90") if p.direction == "fwd"]
         assert [(p.module, p.min_seqlen_q, p.tile_m) for p in fwd] == [
-            ("fwd_sm90", 0, fwd[0].tile_m), ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q, fwd[0].tile_m)]
+            ("fwd_sm90", 0, fwd[0].tile_m), ("fwd_sm90_long", PERSISTENT_MAX_SEQLEN_Q_MASKED, fwd[0].tile_m)]
     spec = spec_from_dict(_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}))
     assert [(p.module, p.tile_m, p.scheduler) for p in plan_kernels(spec, "sm90")] == [
         ("fwd_sm90", 192, "persistent"), ("fwd_sm90_long", 192, "grid"),

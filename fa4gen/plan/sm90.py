@@ -177,8 +177,9 @@ def plan_forward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kerne
                      + _short_mask_unless(kind, keys))
     if persistent and not long_kernel:
         keys = _short_mask_keys(kind, PERSISTENT_WINDOW_KEYS, PERSISTENT_CHUNK_KEYS)
-        notes.append(f"calls with seqlen_q >= {persistent_max_seqlen_q(tile_m, overlap)} run fwd_sm90_long instead "
-                     f"(one CTA per tile){_short_mask_unless(kind, keys)}")
+        bound = persistent_max_seqlen_q(tile_m, overlap, kind != "none")
+        notes.append(f"calls with seqlen_q >= {bound} run fwd_sm90_long instead (one CTA per tile)"
+                     f"{_short_mask_unless(kind, keys)}")
     if every:
         notes.append(f"poly_exp share {spec.pipeline.poly_exp.share} -> one in every {every} exp2 of a thread's row "
                      f"(effective share {share:.3f}); max relative error {fit.max_rel_error:.2e}")
@@ -272,7 +273,15 @@ PERSISTENT_MAX_SEQLEN_Q = 4096
 # +4.7% / +3.4%, s16384 -3.1%. d128 (128 rows) read 1.004 / 0.988 / 0.996 at 4k / 8k / 16k in the same run: its
 # bound stays.
 PERSISTENT_MAX_SEQLEN_Q_192 = 8193
-# ... and for a masked 128-row persistent forward (d65-128, or d <= 64 with tile_m set), calls whose chunks are shorter
+# A masked 128-row persistent forward (d65-128, or d <= 64 with tile_m set) runs calls below 8192 query rows: its
+# longest-first order of paired tiles balances a causal call's uneven tiles, which the one-CTA-per-tile grid leaves to
+# the hardware's block scheduler. Session 64 (H100, tools/pin_ab.py: the two kernels pinned and alternated in one
+# process, do_bench medians, L2 flushed; persistent / one CTA per tile, causal): d128 s4096 1.042 / 1.075 (two
+# processes), s8192 1.023 / 1.006, s12288 1.035, s16384 0.951; d96 s4096 1.033, s8192 1.005, s12288 0.999. s8192 and
+# up stay on the one-CTA kernel (within the spread there, and behind at 16k); the bound was PERSISTENT_MAX_SEQLEN_Q,
+# set from calls without a mask, before.
+PERSISTENT_MAX_SEQLEN_Q_MASKED = 8192
+# ... and for a masked 128-row persistent forward (PERSISTENT_MAX_SEQLEN_Q_MASKED's), calls whose chunks are shorter
 # than PERSISTENT_CHUNK_KEYS keys, or whose sliding window spans fewer than PERSISTENT_WINDOW_KEYS keys per row, keep
 # the persistent forward at every seqlen_q, as the 192-row kernel's LONG_CHUNK_KEYS / LONG_WINDOW_KEYS rules do for
 # d64. A chunked call is causal attention over one chunk at a time, so the causal bound applies to the chunk's
@@ -280,7 +289,7 @@ PERSISTENT_MAX_SEQLEN_Q_192 = 8193
 # persistent gain falls from +5-8% at 1k to +2-4% at 2k and turns at 4k (session 14), so the d64 window bound is
 # kept. Session 63 (H100, one pass): d128 chunks of 1024 keys ran 389 / 394 TFLOP/s at s4k / s8k on the
 # one-CTA-per-tile kernel, against 480.6 for a causal s1k call (persistent; session 58, H100), the same work per tile.
-PERSISTENT_CHUNK_KEYS = PERSISTENT_MAX_SEQLEN_Q
+PERSISTENT_CHUNK_KEYS = PERSISTENT_MAX_SEQLEN_Q_MASKED
 PERSISTENT_WINDOW_KEYS = 2050
 
 
@@ -302,11 +311,14 @@ PERSISTENT_MASKED_REGS_CONSUMER = 232
 PERSISTENT_MAX_TILE_N = 160
 
 
-def persistent_max_seqlen_q(tile_m: int, overlap: bool) -> int:
-    """The seqlen_q from which a persistent forward of `tile_m` rows (its intra-warpgroup overlap on or off) hands
-    calls to its one-CTA-per-tile twin: PERSISTENT_MAX_SEQLEN_Q_192 for the 192-row kernel with the idle-warpgroup
-    skip (which needs the overlap when persistent), PERSISTENT_MAX_SEQLEN_Q otherwise."""
-    return PERSISTENT_MAX_SEQLEN_Q_192 if tile_m == 192 and overlap else PERSISTENT_MAX_SEQLEN_Q
+def persistent_max_seqlen_q(tile_m: int, overlap: bool, masked: bool) -> int:
+    """The seqlen_q from which a persistent forward of `tile_m` rows (its intra-warpgroup overlap on or off; with a
+    mask or not) hands calls to its one-CTA-per-tile twin: PERSISTENT_MAX_SEQLEN_Q_192 for the 192-row kernel with
+    the idle-warpgroup skip (which needs the overlap when persistent), PERSISTENT_MAX_SEQLEN_Q_MASKED for a masked
+    one, PERSISTENT_MAX_SEQLEN_Q otherwise."""
+    if tile_m == 192 and overlap:
+        return PERSISTENT_MAX_SEQLEN_Q_192
+    return PERSISTENT_MAX_SEQLEN_Q_MASKED if masked else PERSISTENT_MAX_SEQLEN_Q
 
 
 def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, elem: int) -> bool:
@@ -329,7 +341,7 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
         default = plan_forward(spec)
         if default.scheduler != "persistent":
             return None
-        bound = persistent_max_seqlen_q(default.tile_m, default.intra_wg_overlap)
+        bound = persistent_max_seqlen_q(default.tile_m, default.intra_wg_overlap, spec.mask.kind != "none")
         plan = plan_forward(spec, allow_persistent=False)
         note = (f"dispatch: the API runs this one-CTA-per-tile kernel for calls with seqlen_q >= "
                 f"{bound}, the persistent fwd_sm90 below")
