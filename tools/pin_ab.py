@@ -6,7 +6,8 @@ Run (GPU): `python3 tools/pin_ab.py --head-dim 128 (--chunk KEYS | --window LEFT
 4096,8192 [--rounds 3]`; prints one row per (cell, kernel): TFLOP/s per round and the median, and the first kernel's
 median over the second's; the two kernels' outputs of each cell are compared (max |diff| <= 2^-6, else it
 stops). E.g. `--mask causal --seqlens 4096,8192,16384` reads the masked d128 persistent forward's
-bound (PERSISTENT_MAX_SEQLEN_Q, set from calls without a mask) where causal calls cross it.
+bound (PERSISTENT_MAX_SEQLEN_Q_MASKED: session 64 moved it from 4096 to 8192 on these pins) where causal calls
+cross it. Run on the GPU machine after `source tools/device_env.sh` (fa4gen needs its pydantic).
 """
 
 import argparse

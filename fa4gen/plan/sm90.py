@@ -289,6 +289,8 @@ PERSISTENT_MAX_SEQLEN_Q_MASKED = 8192
 # persistent gain falls from +5-8% at 1k to +2-4% at 2k and turns at 4k (session 14), so the d64 window bound is
 # kept. Session 63 (H100, one pass): d128 chunks of 1024 keys ran 389 / 394 TFLOP/s at s4k / s8k on the
 # one-CTA-per-tile kernel, against 480.6 for a causal s1k call (persistent; session 58, H100), the same work per tile.
+# Session 64 (H100, tools/pin_ab.py, persistent / one CTA per tile, d128): chunks of 1024 keys 1.088 / 1.099 and
+# window 1024 1.060 / 1.070 at s4096 / s8192 (windows of 2050+ keys at s8192 and up not measured).
 PERSISTENT_CHUNK_KEYS = PERSISTENT_MAX_SEQLEN_Q_MASKED
 PERSISTENT_WINDOW_KEYS = 2050
 
