@@ -290,7 +290,9 @@ class ForwardOp:
     direction. When the package has backward kernels (spec backward: true), calls whose q, k or v
     require grad go through `AttentionFunction`, so out (and the LSE) support .backward()."""
 
-    def __init__(self, package_file: str, package_name: str):
+    def __init__(self, package_file: str, package_name: str, *, operators: bool = True):
+        """`operators`: register the package's torch.compile operators (fa4gen/api/library.py); off for a
+        runtime made only to ask its kernel selection (`fa4gen dispatch`), which must not take them over."""
         self.dir = Path(package_file).resolve().parent
         self.package = package_name
         lock = json.loads((self.dir / "spec.lock.json").read_text())
@@ -341,6 +343,9 @@ class ForwardOp:
         self._lock = threading.Lock()
         # what a call runs while torch.compile traces it (see fa4gen/api/library.py); without it (a torch
         # whose torch.library refuses the operators) Dynamo traces the eager path and breaks the graph there
+        self._compiled = None
+        if not operators:
+            return
         try:
             self._compiled = library.register(self)
         except Exception as exc:  # noqa: BLE001 - any failure only costs torch.compile its whole graph

@@ -155,3 +155,4 @@ def show(spec: str, fmt: str) -> None:
 # Commands that plan, build, compile and inspect register themselves on `main`.
 from fa4gen.cli import build_cmds  # noqa: E402,F401
 from fa4gen.cli import test_cmd  # noqa: E402,F401
+from fa4gen.cli import dispatch_cmd  # noqa: E402,F401
