@@ -149,6 +149,19 @@ def test_forward_kernel_is_picked_by_seqlen_q():
     assert [p["scheduler"] for p in (op.plans["sm90"], op.forward_plan("sm90", LONG_SEQLEN_Q))] == ["persistent", "grid_lpt"]
 
 
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in (ROOT / "generated").glob("*/spec.lock.json")))
+def test_kernel_plans_lists_every_kernel_of_the_lock_file(name):
+    """`kernel_plans` (what precompile_ops compiles ahead of a GPU suite, what `fa4gen dispatch` lists) holds every
+    kernel of each arch the package built, once: a kernel the runtime can pick but this list misses would compile
+    only at its first call."""
+    op = _package(name)._forward
+    lock = json.loads((ROOT / "generated" / name / "spec.lock.json").read_text())
+    for arch in op.plans:
+        listed = [p["module"] for p in op.kernel_plans(arch)]
+        assert len(listed) == len(set(listed))
+        assert sorted(listed) == sorted(p["module"] for p in lock["plans"] if p["arch"] == arch)
+
+
 def test_forward_kernel_is_picked_by_seqlen_q_range():
     """vit_encoder (d64, no mask): its 192-row persistent forward, the 128-row twin for seqlen_q in the plan's
     ranges (1-128, 193-256: ViT-B/16's 197 tokens; ViT-L/14-336's 577 runs 192 rows), the one-CTA-per-tile twin
