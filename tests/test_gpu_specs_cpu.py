@@ -1,0 +1,43 @@
+"""The GPU suites' hand-written spec variants plan, render and import on the CPU (no compile), through each suite's
+own `_package`: a variant that no longer validates or plans fails here, in CI, instead of in a device session (the
+GPU modules themselves skip without a Hopper GPU). Their kernels' launches are checked against the compiled
+signatures by tests/test_launch_signature.py for the committed packages; these variants add the hand-set ones."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+# suite module -> the dicts of variant specs its `_package(name)` builds
+SUITES = {
+    "test_gpu_backward": ("SPECS",),
+    "test_gpu_forward": ("EXTRA",),
+    "test_gpu_varlen": ("VARIANTS", "BWD_VARIANTS"),
+}
+
+
+def _variants():
+    for module, tables in SUITES.items():
+        suite = importlib.import_module(f"tests.{module}")
+        for table in tables:
+            for name in sorted(getattr(suite, table)):
+                yield pytest.param(module, name, id=f"{module}.{name}")
+
+
+@pytest.fixture
+def scratch_cache(tmp_path, monkeypatch):
+    """fa4gen.build writes rendered packages under the cache: a fresh one per test."""
+    monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize(("module", "name"), list(_variants()))
+def test_gpu_suite_variant_builds_on_the_cpu(module, name, scratch_cache):
+    suite = importlib.import_module(f"tests.{module}")
+    cache = getattr(suite, "_built", None)
+    if isinstance(cache, dict):
+        cache.pop(name, None)  # build it here, in this test's cache
+    pkg = suite._package(name)
+    kernels = [p["module"] for p in pkg._forward.kernel_plans("sm90")]
+    assert kernels and all(p.startswith(("fwd_sm90", "bwd_sm90")) for p in kernels)
+    assert pkg._forward.name == name
