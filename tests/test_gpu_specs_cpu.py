@@ -1,13 +1,17 @@
 """The GPU suites' hand-written spec variants plan, render and import on the CPU (no compile), through each suite's
 own `_package`: a variant that no longer validates or plans fails here, in CI, instead of in a device session (the
-GPU modules themselves skip without a Hopper GPU). Their kernels' launches are checked against the compiled
-signatures by tests/test_launch_signature.py for the committed packages; these variants add the hand-set ones."""
+GPU modules themselves skip without a Hopper GPU). Each of their kernels is then launched once through the API on
+the CPU, its launch checked against its compiled signature (tests/launch_check.py, as tests/test_launch_signature.py
+does for the committed packages): these variants add the hand-set pipelines (dQ by atomics, deterministic turns,
+packed sequences, ...)."""
 
 from __future__ import annotations
 
 import importlib
 
 import pytest
+
+from tests.launch_check import check_launches
 
 # suite module -> the dicts of variant specs its `_package(name)` builds
 SUITES = {
@@ -32,7 +36,7 @@ def scratch_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(("module", "name"), list(_variants()))
-def test_gpu_suite_variant_builds_on_the_cpu(module, name, scratch_cache):
+def test_gpu_suite_variant_builds_and_launches_on_the_cpu(module, name, scratch_cache, monkeypatch):
     suite = importlib.import_module(f"tests.{module}")
     cache = getattr(suite, "_built", None)
     if isinstance(cache, dict):
@@ -41,3 +45,5 @@ def test_gpu_suite_variant_builds_on_the_cpu(module, name, scratch_cache):
     kernels = [p["module"] for p in pkg._forward.kernel_plans("sm90")]
     assert kernels and all(p.startswith(("fwd_sm90", "bwd_sm90")) for p in kernels)
     assert pkg._forward.name == name
+    for kernel in kernels:
+        check_launches(pkg, "sm90", kernel, monkeypatch)
