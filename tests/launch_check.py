@@ -98,8 +98,6 @@ def call(pkg, plan: dict, grad: bool):
         out.backward(torch.ones_like(out))
 
 
-
-
 def check_launches(pkg, arch: str, module: str, monkeypatch) -> None:
     """Pin `module`, call the package once (with a backward for a backward kernel), and check every launch."""
     op = pkg._forward

@@ -8,6 +8,7 @@ packed sequences, ...)."""
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 
@@ -31,8 +32,14 @@ def _variants():
 
 @pytest.fixture
 def scratch_cache(tmp_path, monkeypatch):
-    """fa4gen.build writes rendered packages under the cache: a fresh one per test."""
+    """fa4gen.build writes rendered packages under the cache: a fresh one per test, and the packages imported from
+    it forgotten after (a later build of the same spec must not find a module whose folder is gone)."""
     monkeypatch.setenv("FA4GEN_CACHE_DIR", str(tmp_path / "cache"))
+    before = set(sys.modules)
+    yield
+    for mod in set(sys.modules) - before:
+        if mod.startswith("fa4gen_pkg_"):
+            del sys.modules[mod]
 
 
 @pytest.mark.parametrize(("module", "name"), list(_variants()))

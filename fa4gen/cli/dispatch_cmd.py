@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from fa4gen.cli.build_cmds import ARCH_CHOICE
 from fa4gen.cli.main import exit_with_problems, main
 
 LOCK = "spec.lock.json"
@@ -123,7 +124,7 @@ def summary(plan: dict, alone: bool = False) -> dict:
               help="The call's sliding window (sliding_window specs) [default: the spec's].")
 @click.option("--chunk-size", type=click.IntRange(min=1), default=None,
               help="The call's chunk size (chunked specs) [default: the spec's].")
-@click.option("--arch", type=click.Choice(["sm90", "sm100"]), default=None,
+@click.option("--arch", type=ARCH_CHOICE, default=None,
               help="The target to dispatch for [default: the package's first].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def dispatch(target: Path, batch: int, seqlen_q: int, seqlen_k: int | None, heads: int, kv_heads: int | None,
