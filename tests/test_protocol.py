@@ -594,3 +594,124 @@ def test_persistent_sm90_producer_loads_the_first_k_before_q():
         producer = _sections(pkg.files[f"{plan.module}.py"], {"producer": "# Load role", "consumer": "# MMA role"})["producer"]
         k_first = producer.index("pipe_k.producer_acquire") < producer.index("pipe_q.producer_acquire")
         assert k_first == (plan.scheduler == "persistent"), plan.module
+
+
+# --- the SM90 backward (dQ warp path): one tile per CTA, and persistent (docs/patches 0002's design) ----------------
+
+def _bwd(d, mask=None, **kw):
+    """The spec's backward plan (with allow_gqa: the GQA one, not its MHA twin)."""
+    spec = spec_from_dict(dict(name="pb", targets=["sm90"], dtype="bf16", head_dim=d, mask=mask or {"kind": "none"},
+                               backward=True, **kw))
+    return next(p for p in plan_kernels(spec, "sm90") if p.direction == "bwd" and not p.mha_only)
+
+
+# the modelled plans (Sᵀ MHA without determinism): no mask at d64 / d96 / d128 (80-row steps), causal, softcap
+BWD_PLANS = [_bwd(d, mask, allow_gqa=False, softcap=sc)
+             for d, mask, sc in [(64, None, 0.0), (96, None, 0.0), (128, None, 0.0), (128, None, 20.0),
+                                 (128, {"kind": "causal"}, 0.0), (64, {"kind": "causal"}, 0.0)]]
+
+
+def _bwd_fails(plan, edit, tiles=(3, 3, 3), seeds=range(30)):
+    """The error messages of the runs of `plan` over `tiles` once `edit(role, op)` rewrites its ops (None drops)."""
+    model = protocol.ProtocolModel(protocol.sm90_bwd_pipelines(plan), protocol.sm90_bwd_named_barriers(plan))
+    errors = []
+    for seed in seeds:
+        programs = protocol.sm90_bwd_programs(plan, list(tiles))
+
+        def rewrite(role, inner):
+            for op in inner:
+                op = edit(role, op)
+                if op is not None:
+                    yield op
+
+        programs = {role: rewrite(role, inner) for role, inner in programs.items()}
+        try:
+            model.run(programs, seed=seed)
+        except ProtocolError as err:
+            errors.append(str(err))
+    return errors
+
+
+def _persistent(plan, **stages):
+    return dataclasses.replace(plan, scheduler="persistent", persistent_ctas=132, **stages)
+
+
+@pytest.mark.parametrize("plan", [pytest.param(p, id=f"d{p.head_dim}-{p.mask_kind}-m{p.tile_m}-sc{int(p.softcap)}")
+                                  for p in BWD_PLANS])
+def test_sm90_backward_protocol_holds(plan):
+    """One tile per CTA as planned; and the same plan persistent over several tiles, with every stage count the
+    planner may choose (Q / dO 1-2, P/dS 1-2, dQ buffers 1-2)."""
+    assert plan.swap_sdp and not plan.deterministic and plan.dq_claim
+    protocol.check_sm90_bwd(plan, runs=20)
+    for q, do, pds, bufs in itertools.product((1, 2), (1, 2), (1, 2), (1, 2)):
+        protocol.check_sm90_bwd(_persistent(plan, q_stages=q, do_stages=do, pds_stages=pds, dq_buffers=bufs),
+                                runs=6, max_tiles=4, seed=q + 2 * do + 4 * pds + 8 * bufs)
+
+
+def test_sm90_backward_model_refuses_what_it_does_not_model():
+    for kw in (dict(allow_gqa=True), dict(allow_gqa=False, deterministic=True), dict(allow_gqa=False, varlen=True),
+               dict(allow_gqa=False, pipeline={"bwd_dq_atomic": True}), dict(allow_gqa=False, pipeline={"bwd_swap_ab": False})):
+        with pytest.raises(ValueError, match="the backward model covers"):
+            protocol.check_sm90_bwd(_bwd(128, **kw))
+    with pytest.raises(ValueError, match="one tile per CTA"):
+        protocol.sm90_bwd_programs(BWD_PLANS[0], [2, 2])
+    fwd = next(p for p in plan_kernels(_spec((128, None), {"kind": "none"}, {}, ("sm90",)), "sm90"))
+    with pytest.raises(ValueError, match="sm90 backward plans"):
+        protocol.check_sm90_bwd(fwd)
+
+
+def test_persistent_backward_kv_released_before_the_dkv_stores_read_it_is_caught():
+    """Consumers releasing K / V before warpgroup 0's stores of dK / dV have read those buffers: the next tile's
+    K / V load overwrites them under the stores."""
+    plan = _persistent(BWD_PLANS[2])
+
+    def early(role, op):
+        return None if op.kind == "store_wait_le" and role == "consumer0" else op
+
+    errors = _bwd_fails(plan, early, seeds=range(200))
+    assert errors and all("while a TMA store still reads it" in e for e in errors)
+
+
+def test_persistent_backward_kv_never_released_deadlocks():
+    plan = _persistent(BWD_PLANS[0])
+    errors = _bwd_fails(plan, lambda role, op: None if op.kind == "release" and op.pipe == "kv" else op, seeds=range(3))
+    assert len(errors) == 3 and all("deadlock" in e for e in errors)
+
+
+def test_sm90_backward_missing_epilogue_barriers_are_caught():
+    """Without the epilogue's barriers one warpgroup writes dK over K while the other still reads K for its last
+    query block, or stores a buffer the other has not written yet and then writes it under the store."""
+    plan = BWD_PLANS[2]
+    errors = _bwd_fails(plan, lambda role, op: None if op.kind == "bar_sync" and op.stage == 1 else op, tiles=(4,),
+                        seeds=range(100))
+    assert errors and all(re.search(r"reads s[KV] expecting|writes s[KV] while a TMA store still reads it", e)
+                          for e in errors), errors[:3]
+
+
+def test_sm90_backward_dq_handoff_needs_the_empty_arrivals():
+    plan = BWD_PLANS[0]
+    errors = _bwd_fails(plan, lambda role, op: None if role == "dq" and op.kind == "bar_arrive" else op, tiles=(3,),
+                        seeds=range(3))
+    assert len(errors) == 3 and all("deadlock" in e for e in errors)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_sm90_backward_roles_use_the_pipelines_the_model_checks(d):
+    """The rendered MHA backward without a mask (the model's plans) calls, role by role, the pipeline methods the
+    model runs: the load role acquires K / V, Q and dO; the dQ warp touches no pipeline (named barriers only);
+    the consumers wait for all three and release Q and dO (and, persistent, K / V)."""
+    spec = spec_from_dict(dict(name="pb", targets=["sm90"], dtype="bf16", head_dim=d, backward=True, allow_gqa=False))
+    pkg, plans, _ = render_spec(spec, "test")
+    plan = next(p for p in plans if p.direction == "bwd")
+    text = pkg.files[f"{plan.module}.py"]
+    sections = _sections(text, {"producer": "# Load role", "dq": "# dQ role",
+                                "consumer": "warpgroup_reg_alloc(REGS_CONSUMER)"})
+    model = _model_calls(protocol.sm90_bwd_programs(plan, [3, 2] if plan.scheduler == "persistent" else 3))
+    for role in ("producer", "consumer"):
+        assert _text_calls(sections[role]) == model[role], role
+    assert _text_calls(sections["dq"]) == set() and "dq" not in model
+    for name, value in (("EPILOGUE_BARRIER", protocol.SM90_BWD_EPILOGUE_BARRIER), ("PDS_BARRIER", protocol.SM90_BWD_PDS_BARRIER),
+                        ("DQ_FULL_BARRIER", protocol.SM90_BWD_DQ_FULL_BARRIER),
+                        ("DQ_EMPTY_BARRIER", protocol.SM90_BWD_DQ_EMPTY_BARRIER)):
+        assert re.search(rf"^{name} = {value}\b", text, re.M), name
+    assert f"DQ_HANDOFF = 128 + 32" in text and protocol.SM90_BWD_DQ_HANDOFF == 160

@@ -15,8 +15,11 @@ them, TMA copies that land in any order, and named barriers. It reports a deadlo
 passes on the wrong phase (parity aliasing), a buffer written before every consumer released it,
 and a read that sees data other than what the program meant to read (tokens).
 
-Forward kernels only: the SM90 backward's pipelines and barriers live in its template, not in its
-plan, and are not modelled (`forward_only` refuses a backward plan rather than pass it).
+The forward models (`sm90_programs`, `sm100_programs`) refuse a backward plan (`forward_only`) rather than pass
+it; the SM90 backward has its own (`sm90_bwd_programs`), for the dQ-warp path its default plans without
+determinism or dK/dV workspaces take: the K / V, Q and dO pipelines, the dQ hand-off's named barriers, the
+P / dS barrier, the epilogue that stages dK / dV in K's and V's buffers, and (persistent, docs/patches 0002)
+several tiles per CTA.
 """
 
 from __future__ import annotations
@@ -163,6 +166,12 @@ def tma_store(resource, token):
 
 def store_wait():
     return Op("store_wait")
+
+
+def store_wait_le(pending: int):
+    """Wait until at most `pending` of this role's TMA stores / bulk reduces still read their source
+    (`cp.async.bulk.wait_group.read N`)."""
+    return Op("store_wait_le", count=pending)
 
 
 class PhaseTracker:
@@ -359,6 +368,8 @@ class ProtocolModel:
                 if stores.get(agent.name):
                     return False
                 return True
+            if k == "store_wait_le":
+                return len(stores.get(agent.name, ())) <= op.count
             fail(f"unknown op {k}")
             return False
 
@@ -962,3 +973,158 @@ __all__ = [
     "ProtocolModel",
     "model_check",
 ]
+
+
+# --- the SM90 backward (templates/sm90/bwd.py.j2), the dQ warp's path ----------------------------------
+
+SM90_BWD_EPILOGUE_BARRIER = 1
+SM90_BWD_PDS_BARRIER = 2
+SM90_BWD_DQ_FULL_BARRIER = 3  # + w
+SM90_BWD_DQ_EMPTY_BARRIER = 5  # + w
+SM90_BWD_DQ_HANDOFF = 128 + 32  # a consumer warpgroup and the dQ warp
+
+
+def sm90_bwd_modelled(plan) -> None:
+    """The backward model covers the dQ warp's hand-off (plans without dq_atomic) for MHA, without determinism
+    and without the fp32 dK / dV workspaces, in the Sᵀ layout: it refuses the others rather than pass them."""
+    if getattr(plan, "direction", "fwd") != "bwd" or plan.arch != "sm90":
+        raise ValueError(f"{plan.name} [{plan.arch} {plan.direction}]: the backward model covers sm90 backward plans")
+    if plan.dq_atomic or plan.deterministic or plan.dkv_accum or not plan.swap_sdp or plan.varlen:
+        raise ValueError(f"{plan.name} [sm90 bwd]: the backward model covers the Sᵀ MHA dQ-warp path without "
+                         "determinism or varlen (this plan has dq_atomic / deterministic / dkv_accum / S layout / varlen)")
+
+
+def sm90_bwd_pipelines(plan):
+    """The backward's TMA pipelines: K and V together in one stage (`pipe_kv`), Q (with its LSE2 / D rows) and dO
+    rings; one producer thread, one release per consumer warp (8)."""
+    q_bytes = plan.tile_m * plan.head_dim * 2
+    do_bytes = plan.tile_m * plan.head_dim_v * 2
+    kv_bytes = plan.tile_n * (plan.head_dim + plan.head_dim_v) * 2
+    return (
+        PipelineSpec("kv", "PipelineTmaAsync", "producer", ("consumer",), 1, 1, 8, tx_bytes=kv_bytes,
+                     purpose="the key block's K and V: once per tile"),
+        PipelineSpec("q", "PipelineTmaAsync", "producer", ("consumer",), plan.q_stages, 1, 8, tx_bytes=q_bytes,
+                     purpose="Q (and its LSE2 / D rows) per query block"),
+        PipelineSpec("do", "PipelineTmaAsync", "producer", ("consumer",), plan.do_stages, 1, 8, tx_bytes=do_bytes,
+                     purpose="dO per query block"),
+    )
+
+
+def sm90_bwd_named_barriers(plan):
+    out = [NamedBarrierSpec("epilogue", SM90_BWD_EPILOGUE_BARRIER, 256, "consumers: dK / dV over K's and V's smem"),
+           NamedBarrierSpec("pds", SM90_BWD_PDS_BARRIER, 256, "consumers: dS of a query block in smem")]
+    for w in range(2):
+        out += [NamedBarrierSpec(f"dq_full{w}", SM90_BWD_DQ_FULL_BARRIER + w, SM90_BWD_DQ_HANDOFF,
+                                 f"warpgroup {w} -> dQ warp: its dQ tile is in smem"),
+                NamedBarrierSpec(f"dq_empty{w}", SM90_BWD_DQ_EMPTY_BARRIER + w, SM90_BWD_DQ_HANDOFF,
+                                 f"dQ warp -> warpgroup {w}: its buffer was read out")]
+    return tuple(out)
+
+
+def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
+    """One SM90 backward CTA over its (key block) tiles, each `tiles[t]` query blocks; mirrors
+    templates/sm90/bwd.py.j2 (the load role, the dQ role, swapped_block, dq_handoff, dkv_epilogue). One CTA per
+    tile: K and V load first and are never released. Persistent (`plan.scheduler`, docs/patches 0002): the
+    pipeline states run on across tiles, the producer loads a tile's first Q and dO before its K and V, the
+    consumers release K / V after the tile's epilogue, whose dK / dV go out through K's and V's buffers (TMA
+    stores by warpgroup 0's first warp, their reads waited for before that release)."""
+    sm90_bwd_modelled(plan)
+    tiles = [tiles] if isinstance(tiles, int) else list(tiles)
+    persistent = plan.scheduler == "persistent"
+    if not persistent and len(tiles) != 1:
+        raise ValueError(f"{plan.name}: one tile per CTA (scheduler {plan.scheduler}), got {len(tiles)}")
+    P = {p.name: p for p in sm90_bwd_pipelines(plan)}
+    BUFS, PDS = plan.dq_buffers, plan.pds_stages
+    EMPTY, FULL, HAND = SM90_BWD_DQ_EMPTY_BARRIER, SM90_BWD_DQ_FULL_BARRIER, SM90_BWD_DQ_HANDOFF
+
+    def producer():
+        kv, q, do = (PhaseTracker(P[x], "producer") for x in ("kv", "q", "do"))
+
+        def load_kv(t):
+            s, ph = kv.next()
+            yield acquire("kv", s, ph, tx=P["kv"].tx_bytes)
+            # K's and V's copies, one stage: modelled as one copy landing both
+            yield Op("tma", "kv", s, writes=(("sK", ("K", t)), ("sV", ("V", t))), bytes=P["kv"].tx_bytes)
+
+        for t, m in enumerate(tiles):
+            if not persistent and m:
+                yield from load_kv(t)
+            for i in range(m):
+                s, ph = q.next()
+                yield acquire("q", s, ph, tx=P["q"].tx_bytes)
+                yield tma_load("q", s, f"sQ[{s}]", ("Q", t, i), P["q"].tx_bytes)
+                s, ph = do.next()
+                yield acquire("do", s, ph, tx=P["do"].tx_bytes)
+                yield tma_load("do", s, f"sdO[{s}]", ("dO", t, i), P["do"].tx_bytes)
+                if persistent and i == 0:
+                    yield from load_kv(t)
+
+    def dq_warp():
+        for t, m in enumerate(tiles):
+            for i in range(m):
+                if BUFS == 2:  # both buffers freed before waiting for either tile
+                    for w in range(2):
+                        yield store_wait_le(1 - w)
+                        yield bar_arrive(EMPTY + w, HAND, 32)
+                for w in range(2):
+                    if BUFS == 1:  # one buffer in turns
+                        yield store_wait_le(0)
+                        yield bar_arrive(EMPTY + w, HAND, 32)
+                    yield bar_sync(FULL + w, HAND, 32)
+                    yield tma_store(f"sdQ[{w % BUFS}]", ("dQ", t, i, w))  # the bulk reduce-add reads the buffer
+            yield store_wait_le(0)  # (the tile's last adds landed: its claim released)
+
+    def consumer(c):
+        kv, q, do = (PhaseTracker(P[x], "consumer") for x in ("kv", "q", "do"))
+        for t, m in enumerate(tiles):
+            kvs = kv.next() if m else None
+            if m:
+                yield wait("kv", *kvs)
+            for i in range(m):
+                pds = i % PDS
+                qs, qph = q.next()
+                yield wait("q", qs, qph)
+                yield read(("sK", ("K", t)), (f"sQ[{qs}]", ("Q", t, i)), note=f"Sᵀ = K·Qᵀ (wg {c})")
+                ds, dph = do.next()
+                yield wait("do", ds, dph)
+                yield read(("sV", ("V", t)), (f"sdO[{ds}]", ("dO", t, i)), note=f"dPᵀ = V·dOᵀ (wg {c})")
+                if PDS == 1:  # the previous block's dQ GEMMs (both warpgroups) are done reading sdS
+                    yield bar_sync(SM90_BWD_PDS_BARRIER, 256, 128)
+                yield write((f"sdS[{pds}].{c}", ("dS", t, i, c)))
+                yield bar_sync(SM90_BWD_PDS_BARRIER, 256, 128)
+                yield read((f"sdS[{pds}].0", ("dS", t, i, 0)), (f"sdS[{pds}].1", ("dS", t, i, 1)), ("sK", ("K", t)),
+                           note=f"dQ = dS·K (wg {c})")
+                yield read((f"sQ[{qs}]", ("Q", t, i)), (f"sdO[{ds}]", ("dO", t, i)), note=f"dK, dV (wg {c})")
+                # dq_handoff: the warpgroup's dQ tile into its buffer once the dQ warp has read it out
+                yield bar_sync(EMPTY + c, HAND, 128)
+                yield write((f"sdQ[{c % BUFS}]", ("dQ", t, i, c)))
+                yield bar_arrive(FULL + c, HAND, 128)
+                yield release("q", qs, 4)
+                yield release("do", ds, 4)
+            # dkv_epilogue: dK / dV over K's and V's buffers, stored by warpgroup 0's first warp
+            yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+            yield write(("sK", ("dK", t)), ("sV", ("dV", t)))
+            yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+            if c == 0:
+                yield tma_store("sK", ("dK", t))
+                yield tma_store("sV", ("dV", t))
+                yield store_wait_le(0)
+            if persistent and m:
+                yield release("kv", kvs[0], 4)
+
+    return {"producer": producer(), "dq": dq_warp(), "consumer0": consumer(0), "consumer1": consumer(1)}
+
+
+def check_sm90_bwd(plan, *, runs: int = 40, max_blocks: int = 5, max_tiles: int = 4, seed: int = 0) -> list[ModelRun]:
+    """Random interleavings of one backward CTA: one tile of 1..max_blocks query blocks, or (persistent) 1..max_tiles
+    tiles of the same block count (no mask: every tile of a call visits every query block)."""
+    sm90_bwd_modelled(plan)
+    rng = random.Random(seed)
+    model = ProtocolModel(sm90_bwd_pipelines(plan), sm90_bwd_named_barriers(plan))
+    out = []
+    for r in range(runs):
+        m = rng.randint(1, max_blocks)
+        n = rng.randint(1, max_tiles) if plan.scheduler == "persistent" else 1
+        out.append(model.run(sm90_bwd_programs(plan, [m] * n), seed=seed * 7919 + r))
+    return out
+
