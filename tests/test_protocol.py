@@ -653,8 +653,9 @@ def test_sm90_backward_model_refuses_what_it_does_not_model():
                dict(allow_gqa=False, pipeline={"bwd_dq_atomic": True}), dict(allow_gqa=False, pipeline={"bwd_swap_ab": False})):
         with pytest.raises(ValueError, match="the backward model covers"):
             protocol.check_sm90_bwd(_bwd(128, **kw))
+    causal = next(p for p in BWD_PLANS if p.mask_kind == "causal")  # one CTA per tile (no-mask MHA: persistent with 0002)
     with pytest.raises(ValueError, match="one tile per CTA"):
-        protocol.sm90_bwd_programs(BWD_PLANS[0], [2, 2])
+        protocol.sm90_bwd_programs(causal, [2, 2])
     fwd = next(p for p in plan_kernels(_spec((128, None), {"kind": "none"}, {}, ("sm90",)), "sm90"))
     with pytest.raises(ValueError, match="sm90 backward plans"):
         protocol.check_sm90_bwd(fwd)
