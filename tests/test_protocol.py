@@ -374,26 +374,30 @@ def test_sm100_two_cta_barrier_setup_is_generated_from_the_plan():
 PERSISTENT_SM90 = [p for p in SM90_PLANS if p.scheduler == "persistent"]
 
 
-def _persistent_fails(plan, edit, tiles=(3, 2, 3), seeds=range(30)):
-    """How many of `seeds` runs of `plan` over `tiles` raise once `edit(role, op)` rewrites its ops (an op,
-    or None to drop it); the error messages."""
-    model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+def _edited_fails(model, make_programs, edit, seeds):
+    """The error messages of the runs of `model` over `seeds` once `edit(role, op)` rewrites the ops of
+    `make_programs()` (an op, or None to drop it)."""
     errors = []
     for seed in seeds:
-        programs = protocol.sm90_programs(plan, list(tiles))
-
         def rewrite(role, inner):
             for op in inner:
                 op = edit(role, op)
                 if op is not None:
                     yield op
 
-        programs = {role: rewrite(role, inner) for role, inner in programs.items()}
+        programs = {role: rewrite(role, inner) for role, inner in make_programs().items()}
         try:
             model.run(programs, seed=seed)
         except ProtocolError as err:
             errors.append(str(err))
     return errors
+
+
+def _persistent_fails(plan, edit, tiles=(3, 2, 3), seeds=range(30)):
+    """How many of `seeds` runs of `plan` over `tiles` raise once `edit(role, op)` rewrites its ops (an op,
+    or None to drop it); the error messages."""
+    model = protocol.ProtocolModel(protocol.sm90_pipelines(plan), protocol.sm90_named_barriers(plan))
+    return _edited_fails(model, lambda: protocol.sm90_programs(plan, list(tiles)), edit, seeds)
 
 
 def test_persistent_sm90_plans_are_modelled_over_several_tiles():
@@ -612,24 +616,9 @@ BWD_PLANS = [_bwd(d, mask, allow_gqa=False, softcap=sc)
 
 
 def _bwd_fails(plan, edit, tiles=(3, 3, 3), seeds=range(30)):
-    """The error messages of the runs of `plan` over `tiles` once `edit(role, op)` rewrites its ops (None drops)."""
+    """The error messages of the backward model's runs of `plan` over `tiles` once `edit(role, op)` rewrites its ops."""
     model = protocol.ProtocolModel(protocol.sm90_bwd_pipelines(plan), protocol.sm90_bwd_named_barriers(plan))
-    errors = []
-    for seed in seeds:
-        programs = protocol.sm90_bwd_programs(plan, list(tiles))
-
-        def rewrite(role, inner):
-            for op in inner:
-                op = edit(role, op)
-                if op is not None:
-                    yield op
-
-        programs = {role: rewrite(role, inner) for role, inner in programs.items()}
-        try:
-            model.run(programs, seed=seed)
-        except ProtocolError as err:
-            errors.append(str(err))
-    return errors
+    return _edited_fails(model, lambda: protocol.sm90_bwd_programs(plan, list(tiles)), edit, seeds)
 
 
 def _persistent(plan, **stages):
