@@ -603,10 +603,11 @@ def test_persistent_sm90_producer_loads_the_first_k_before_q():
 # --- the SM90 backward (dQ warp path): one tile per CTA, and persistent (docs/patches 0002's design) ----------------
 
 def _bwd(d, mask=None, **kw):
-    """The spec's backward plan (with allow_gqa: the GQA one, not its MHA twin)."""
+    """The spec's bwd_sm90 plan (with allow_gqa: the fp32-workspace GQA one, not its MHA twin nor docs/patches
+    0001's head-loop kernel)."""
     spec = spec_from_dict(dict(name="pb", targets=["sm90"], dtype="bf16", head_dim=d, mask=mask or {"kind": "none"},
                                backward=True, **kw))
-    return next(p for p in plan_kernels(spec, "sm90") if p.direction == "bwd" and not p.mha_only)
+    return next(p for p in plan_kernels(spec, "sm90") if p.direction == "bwd" and p.module == "bwd_sm90")
 
 
 # the modelled plans (Sᵀ MHA without determinism): no mask at d64 / d96 / d128 (80-row steps), causal, softcap
