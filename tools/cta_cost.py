@@ -33,8 +33,13 @@ def work(seqlen: int, head_dim: int, causal: bool, tile_m: int, tile_n: int) -> 
     m_blocks = math.ceil(seqlen / tile_m)
     if not causal:
         return n_blocks * pairs, n_blocks * m_blocks * pairs
-    # key block n sees the query blocks whose last row reaches its first key (bottom-right aligned, s_q = s_k)
-    visits = sum(m_blocks - (n * tile_n) // tile_m for n in range(n_blocks))
+    # key block n's query blocks as the kernel ranges them (fa4gen.emulate.tiling mirrors mask.m_block_range)
+    from fa4gen.emulate.tiling import m_block_range
+
+    visits = 0
+    for n in range(n_blocks):
+        lo, hi = m_block_range(n, tile_n, tile_m, seqlen, seqlen, -1, -1, 0, causal=True, local=False, chunked=False)
+        visits += max(hi - lo, 0)
     return n_blocks * pairs, visits * pairs
 
 
