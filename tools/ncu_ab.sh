@@ -33,8 +33,10 @@ case "${1:-}" in
       echo "ncu_ab: NAME '$name': use letters, digits, '_' or '-' (and not 'work', this tree's name)" >&2; exit 2; }
     commit=$(git -C "$root" rev-parse --verify --quiet "$ref^{commit}") || { echo "ncu_ab: REF '$ref' is no commit" >&2; exit 2; }
     mkdir -p "$trees"
+    # NCU_AB_PACK_EXTRA="PATH ..." packs more of REF (e.g. its tests/test_gpu_backward.py, fa4gen/golden,
+    # generated): tools/tree_run.sh unpacks them over the working tree's copies, so a patch's own tests run
     git -C "$root" archive "$commit" fa4gen templates ":(exclude)templates/sm100" ":(exclude)fa4gen/golden" \
-      | gzip -n > "$trees/$name.tgz.tmp"
+      ${NCU_AB_PACK_EXTRA:-} | gzip -n > "$trees/$name.tgz.tmp"
     mv "$trees/$name.tgz.tmp" "$trees/$name.tgz"
     echo "$commit" > "$trees/$name.commit"
     echo "packed $trees/$name.tgz from $ref ($commit, $(du -k "$trees/$name.tgz" | cut -f1) KB); carry [\".device\", \".abtrees\"]"

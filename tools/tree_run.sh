@@ -26,8 +26,9 @@ rm -rf "$dest" && mkdir -p "$dest"
 (cd "$root" && tar cf - --exclude=./.git --exclude=./.device --exclude=./.abtrees --exclude=./.venv \
   --exclude=./fa4gen --exclude=./templates --exclude='*/__pycache__' .) | tar xf - -C "$dest"
 tar xzf "$trees/$name.tgz" -C "$dest"
-[[ -d $root/fa4gen/golden ]] && cp -r "$root/fa4gen/golden" "$dest/fa4gen/"
-[[ -d $root/templates/sm100 ]] && cp -r "$root/templates/sm100" "$dest/templates/"
+# the golden package and SM100 templates from the working tree, unless the tree packed its own
+[[ -d $root/fa4gen/golden && ! -d $dest/fa4gen/golden ]] && cp -r "$root/fa4gen/golden" "$dest/fa4gen/"
+[[ -d $root/templates/sm100 && ! -d $dest/templates/sm100 ]] && cp -r "$root/templates/sm100" "$dest/templates/"
 commit=""
 [[ -f $trees/$name.commit ]] && commit=" (packed from $(cat "$trees/$name.commit"))"
 echo "tree_run: $name$commit in $dest" >&2
