@@ -205,6 +205,33 @@ def test_backward_kernel_is_picked_by_head_counts():
     assert single.backward_plan("sm100", 4, 4) is None
 
 
+def test_gqa_calls_with_enough_ctas_pick_the_head_loop_backward():
+    """llama3_8b (allow_gqa, neither deterministic nor varlen) also holds bwd_sm90_gqa, whose CTA per (key block, kv
+    head) runs its group's q heads: GQA / MQA calls of at least min_kv_ctas CTAs (key blocks x kv heads x batch) run
+    it, fewer (and packed calls) bwd_sm90, MHA calls bwd_sm90_mha; pinned, it runs MHA calls too (groups of one).
+    A packed spec has none."""
+    from fa4gen.plan.sm90 import GQA_HEAD_LOOP_MIN_CTAS
+
+    op = _package("llama3_8b")._forward
+    loop = op.bwd_gqa_plans["sm90"]
+    assert (loop["module"], loop["gqa_head_loop"], loop["dkv_accum"], loop["allow_gqa"]) == (
+        "bwd_sm90_gqa", True, False, True)
+    assert loop["min_kv_ctas"] == GQA_HEAD_LOOP_MIN_CTAS
+    pick = lambda h, h_kv, b=0, s_k=0: op.backward_plan("sm90", h, h_kv, b, s_k)["module"]  # noqa: E731
+    n = loop["tile_n"]
+    b = -(-GQA_HEAD_LOOP_MIN_CTAS // (4 * 8))  # 4 key blocks x 8 kv heads per batch entry
+    assert pick(32, 8, b, 4 * n) == "bwd_sm90_gqa"
+    assert pick(32, 8, b, 3 * n + 1) == "bwd_sm90_gqa"  # a partial last key block counts
+    assert pick(32, 8, b - 1, 4 * n) == "bwd_sm90"
+    assert pick(32, 8, b, 3 * n) == "bwd_sm90"
+    assert pick(32, 1, 64 * b, 4 * n) == "bwd_sm90_gqa"  # MQA
+    assert pick(32, 8) == "bwd_sm90"  # packed (no batch): never the head loop
+    assert pick(32, 32, 10**4, 10**5) == "bwd_sm90_mha"
+    with op.pinned("bwd_sm90_gqa"):
+        assert pick(8, 8, 1, 1) == "bwd_sm90_gqa" and pick(8, 2) == "bwd_sm90_gqa"
+    assert _package("qwen2_7b_packed")._forward.bwd_gqa_plans == {}
+
+
 def test_persistent_forward_gets_the_gpus_sm_count():
     """vit_encoder (no mask): the persistent forward below PERSISTENT_MAX_SEQLEN_Q_192 query rows (its 128-row twin
     at the lengths that pad 192-row tiles worst), its one-CTA-per-tile twin from there on; the persistent one launches one CTA per SM of the call's GPU (the

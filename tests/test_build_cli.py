@@ -183,11 +183,12 @@ def test_build_good_and_bad(work: Path):
     pkg, _, _ = render_spec(load_spec(work / "specs" / "llama3_8b.yaml"), "specs/llama3_8b.yaml")
     written = {p.name: p.read_text() for p in (out / "llama3_8b").iterdir()}
     assert written == pkg.files  # (test_render checks these against the committed generated/)
-    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "bwd_sm90_mha.py", "fwd_sm90.py", "fwd_sm90_long.py",
+    assert sorted(written) == ["__init__.py", "bwd_sm90.py", "bwd_sm90_gqa.py", "bwd_sm90_mha.py", "fwd_sm90.py", "fwd_sm90_long.py",
                                "spec.lock.json"]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith("llama3_8b ")]
-    assert [row[2] for row in rows] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90_mha", "bwd_sm90"]  # one row per kernel
-    assert all(" ".join(row[3:6]) == "wrote 6 file(s)" for row in rows)
+    # one row per kernel
+    assert [row[2] for row in rows] == ["fwd_sm90", "fwd_sm90_long", "bwd_sm90_gqa", "bwd_sm90_mha", "bwd_sm90"]
+    assert all(" ".join(row[3:6]) == "wrote 7 file(s)" for row in rows)
     # each kernel's row shows its own plan's shared memory
     plans = plan_kernels(load_spec(work / "specs" / "llama3_8b.yaml"), "sm90")
     assert [row[-4] for row in rows] == [f"{p.budgets[0].used // 1024}K" for p in plans]

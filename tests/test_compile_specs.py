@@ -66,8 +66,11 @@ def test_every_spec_has_an_sm90_kernel(compiled):
         long = [("sm90", "fwd")] if any(p.min_seqlen_q for p in plans) else []
         # and d <= 64 without a mask (vit_encoder) a 128-row twin for the lengths that pad 192-row tiles worst
         long += [("sm90", "fwd")] * sum(bool(p.seqlen_q_ranges) for p in plans)
-        # with allow_gqa a backward's MHA-call twin (bwd_sm90_mha) comes before it
-        bwd = [("sm90", "bwd")] * (spec.backward + (spec.backward and spec.allow_gqa))
+        # with allow_gqa a backward's MHA-call twin (bwd_sm90_mha) comes before it, and neither deterministic nor
+        # varlen (head dims <= 128) the head-loop GQA backward (bwd_sm90_gqa) before both
+        gqa = spec.backward and spec.allow_gqa
+        loop = gqa and not (spec.deterministic or spec.varlen) and max(spec.head_dim, spec.head_dim_v) <= 128
+        bwd = [("sm90", "bwd")] * (spec.backward + gqa + loop)
         assert [(p.arch, p.direction) for p in plans] == [("sm90", "fwd")] + long + bwd
         assert [p.module for p in plans if p.mha_only] == (["bwd_sm90_mha"] if spec.backward and spec.allow_gqa else [])
         assert bool(long) == (name == "llama32_1b" or plans[0].scheduler == "persistent")

@@ -139,3 +139,17 @@ def test_a_damaged_lock_file_is_one_problem_line(tmp_path):
     (tmp_path / "spec.lock.json").write_text("{not json")
     code, out = dispatch(str(tmp_path), "-s", "1024", "--heads", "8")
     assert code == 2 and "unreadable" in out and "fa4gen build" in out
+
+
+def test_gqa_calls_take_the_head_loop_backward_from_its_cta_bound():
+    """llama3_8b (32 q heads / 8 kv heads): the head-loop backward runs GQA calls whose key blocks x kv heads x
+    batch reach its plan's min_kv_ctas, the fp32-workspace one below."""
+    loop = next(p for p in lock("llama3_8b")["plans"] if p.get("gqa_head_loop"))
+    blocks = -(-loop["min_kv_ctas"] // 8)  # key blocks a batch-1 call needs with 8 kv heads
+    spec = str(SPECS / "llama3_8b.yaml")
+    at = report(spec, "-s", str(blocks * loop["tile_n"]), "--heads", "32", "--kv-heads", "8")
+    below = report(spec, "-s", str((blocks - 1) * loop["tile_n"]), "--heads", "32", "--kv-heads", "8")
+    assert at["backward"]["module"] == loop["module"]
+    assert at["backward"]["runs"].startswith(f"GQA / MQA calls (not packed) of at least {loop['min_kv_ctas']} CTAs")
+    assert below["backward"]["module"] == "bwd_sm90"
+    assert loop["module"] in {k["module"] for k in below["other_kernels"]}

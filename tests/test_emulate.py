@@ -149,7 +149,7 @@ def test_a_backward_plan_is_refused_clearly():
     """The emulator models the forward only: a backward plan (here from a committed spec's lock file)
     must not be read as if it were one."""
     lock = json.loads((ROOT / "generated" / "llama3_8b" / "spec.lock.json").read_text())
-    (bwd,) = [p for p in lock["plans"] if p["direction"] == "bwd" and not p["mha_only"]]
+    (bwd,) = [p for p in lock["plans"] if p["module"] == "bwd_sm90"]
     with pytest.raises(NotImplementedError, match="no emulator for the bwd direction"):
         Algorithm.from_plan(bwd)
 

@@ -139,7 +139,8 @@ def test_gpu_runs_the_kernel_and_other_targets_compile(fast_checks, monkeypatch)
     """With a Hopper GPU the sm90 forward and backward run; other targets' kernels compile (and a
     forward is emulated)."""
     variant = load_variant(GENERATED / "llama3_8b")
-    fwd, _twin, _mha, bwd = variant.plans  # (the persistent forward, its long-call twin, MHA calls' backward, the backward)
+    # (the persistent forward, its long-call twin, the head-loop GQA backward, MHA calls' backward, the backward)
+    fwd, _twin, _loop, _mha, bwd = variant.plans
     assert (fwd["direction"], bwd["direction"]) == ("fwd", "bwd")
     fakes = [dict(p, arch="sm100", cute_arch="sm_100a") for p in (fwd, bwd)]
     variant.lock = {**variant.lock, "plans": [fwd, bwd, *fakes]}
@@ -179,8 +180,9 @@ def test_a_failing_check_exits_1_after_the_whole_table(fast_checks, monkeypatch)
     assert result.exit_code == 1
     # failed: the emulator row of each forward (persistent + its long-call twin; vit_encoder's 128-row twin too)
     assert result.stdout.count(" FAIL ") == 5
-    # passed: every kernel's compile + SASS (the forwards + bwd per variant, + llama3_8b's backward for MHA calls)
-    assert "8 passed, 5 failed, 0 skipped" in result.stdout
+    # passed: every kernel's compile + SASS (the forwards + bwd per variant, + llama3_8b's backwards for MHA calls
+    # and the head-loop GQA one)
+    assert "9 passed, 5 failed, 0 skipped" in result.stdout
 
 
 def test_a_crashing_check_is_a_failed_row_not_a_crash(fast_checks, monkeypatch):
@@ -280,7 +282,7 @@ def _stand_in(plan, *, causal=None, nan_dk=False, noisy=False):
 
 def _backward_rows(name, **broken):
     variant = load_variant(GENERATED / name)
-    (plan,) = [p for p in variant.plans if p["direction"] == "bwd" and not p.get("mha_only")]  # (the GQA one)
+    (plan,) = [p for p in variant.plans if p["module"] == "bwd_sm90"]  # (the fp32-workspace GQA one)
     variant._module = _stand_in(plan, **broken)
     return backward_numerics(variant, plan, device="cpu", repeat_shape=(1, 70, 90, 2, 1))
 

@@ -56,6 +56,8 @@ SPECS = {
     "gb_fp16_d128_none_det_mha": dict(dtype="fp16", head_dim=128, deterministic=True, allow_gqa=False),
     # d96: dQ's postprocess stages through shared memory with 4 threads per 96-column row
     "gb_bf16_d96_causal_gqa": dict(dtype="bf16", head_dim=96, mask={"kind": "causal"}),
+    # d64 chunked GQA: the head-loop backward's 128-row S steps with a chunked mask (HEAD_LOOP_SPECS)
+    "gb_bf16_d64_chunked_gqa": dict(dtype="bf16", head_dim=64, mask={"kind": "chunked", "chunk_size": 96}),
     "gb_bf16_d64_causal_softcap_det_mha": dict(dtype="bf16", head_dim=64, mask={"kind": "causal"}, softcap=30.0,
                                                deterministic=True, allow_gqa=False),
     # the opt-in Sᵀ layout (pipeline.bwd_swap_ab, d <= 128): Pᵀ/dSᵀ from registers, per-query statistics by shuffle
@@ -178,21 +180,12 @@ def _inputs(spec, b, s_q, s_k, h, h_kv, gen, *, bhsd_q=False):
     return [t.requires_grad_() for t in (q, k, v)]
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_backward_matches_reference(name, monkeypatch):
-    pkg, spec = _package(name), _resolved(name)
-    # which backward each case runs (allow_gqa, the spec default, holds two: see the end)
-    picked, pick = [], pkg._forward.backward_plan
-
-    def recording(arch, h, h_kv):
-        plan = pick(arch, h, h_kv)
-        picked.append((h, h_kv, plan["module"]))
-        return plan
-
-    monkeypatch.setattr(pkg._forward, "backward_plan", recording)
+def _check_backward(name, pkg, spec, shapes):
+    """Every shape's dq, dk, dv against the fp32 reference (odd shapes take the call's own window / chunk and an
+    LSE gradient; the second a transposed q)."""
     kind = spec["mask"]["kind"]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()))
-    for i, (b, s_q, s_k, h, h_kv) in enumerate(SHAPES):
+    for i, (b, s_q, s_k, h, h_kv) in enumerate(shapes):
         kwargs = {}
         if i % 2 and kind == "sliding_window":
             kwargs["window"] = (37, 5)
@@ -217,12 +210,64 @@ def test_backward_matches_reference(name, monkeypatch):
             err = (g.float() - r).abs().max().item()
             budget = _budget(lo, r, sem["softcap"])
             assert err <= budget, f"{where}: {g_name} max error {err:.3g} > budget {budget:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_backward_matches_reference(name, monkeypatch):
+    pkg, spec = _package(name), _resolved(name)
+    # which backward each case runs (allow_gqa, the spec default, holds two or three: see the end)
+    picked, pick = [], pkg._forward.backward_plan
+
+    def recording(arch, h, h_kv, batch=0, seqlen_k=0):
+        plan = pick(arch, h, h_kv, batch, seqlen_k)
+        picked.append((h, h_kv, plan["module"]))
+        return plan
+
+    monkeypatch.setattr(pkg._forward, "backward_plan", recording)
+    _check_backward(name, pkg, spec, SHAPES)
     # allow_gqa (the spec default) holds two backwards: the MHA shapes ran bwd_sm90_mha (dK/dV stored from the
-    # CTA), the GQA / MQA ones bwd_sm90 (fp32 dK/dV workspaces); without it every shape runs bwd_sm90
+    # CTA), the GQA / MQA ones bwd_sm90 (fp32 dK/dV workspaces: these shapes launch fewer CTAs than the head-loop
+    # kernel bwd_sm90_gqa takes); without it every shape runs bwd_sm90
     mha = spec.get("allow_gqa", True)
     assert len(picked) == len(SHAPES)
     assert [m for _, _, m in picked] == ["bwd_sm90_mha" if mha and h == h_kv else "bwd_sm90" for h, h_kv, _ in picked]
     assert any(m == "bwd_sm90" for _, _, m in picked) and (not mha or any(m == "bwd_sm90_mha" for _, _, m in picked))
+
+
+# the specs that hold the head-loop GQA backward (allow_gqa, neither deterministic nor varlen, dQ through buffers)
+HEAD_LOOP_SPECS = sorted(n for n, s in SPECS.items() if s.get("allow_gqa", True) and not s.get("deterministic")
+                         and not s.get("varlen") and not s.get("pipeline", {}).get("bwd_dq_atomic")
+                         and max(s["head_dim"], s.get("head_dim_v", s["head_dim"])) <= 128)
+
+
+@pytest.mark.parametrize("name", HEAD_LOOP_SPECS)
+def test_gqa_head_loop_backward_matches_reference(name):
+    """bwd_sm90_gqa pinned (one CTA per kv head runs its group's q heads: MHA, groups of 2 and MQA in SHAPES) on
+    every shape, against the fp32 reference."""
+    pkg, spec = _package(name), _resolved(name)
+    assert "bwd_sm90_gqa" in [p["module"] for p in pkg._forward.kernel_plans("sm90")]
+    with pkg._forward.pinned("bwd_sm90_gqa"):
+        _check_backward(name, pkg, spec, SHAPES)
+
+
+def test_gqa_calls_with_enough_ctas_run_the_head_loop_backward(monkeypatch):
+    """A GQA call of at least min_kv_ctas CTAs (key blocks x kv heads x batch) runs bwd_sm90_gqa end to end, one
+    below it bwd_sm90; both against the reference."""
+    name = "gb_bf16_d128_causal_gqa"
+    pkg, spec = _package(name), _resolved(name)
+    loop = pkg._forward.bwd_gqa_plans["sm90"]
+    picked, pick = [], pkg._forward.backward_plan
+
+    def recording(arch, h, h_kv, batch=0, seqlen_k=0):
+        plan = pick(arch, h, h_kv, batch, seqlen_k)
+        picked.append(plan["module"])
+        return plan
+
+    monkeypatch.setattr(pkg._forward, "backward_plan", recording)
+    s_k = 4 * loop["tile_n"]  # 4 key blocks x 8 kv heads: min_kv_ctas needs the batch below
+    b = -(-loop["min_kv_ctas"] // (4 * 8))
+    _check_backward(name, pkg, spec, [(b, s_k, s_k, 32, 8), (b - 1, s_k, s_k, 32, 8)])
+    assert picked == ["bwd_sm90_gqa", "bwd_sm90"]
 
 
 def test_stride_zero_output_gradient_and_partial_requires_grad():

@@ -93,11 +93,13 @@ def _plan(d: dict) -> KernelPlan:
 
 def _fwd_plans(spec) -> list[KernelPlan]:
     """The forward plans: the default one, then any picked per call from some seqlen_q on or for some seqlen_q
-    ranges (a spec with backward: true also gets a bwd plan, checked further below, and with allow_gqa its MHA
-    twin before it)."""
+    ranges (a spec with backward: true also gets a bwd plan, checked further below, with allow_gqa its MHA
+    twin before it and, neither deterministic nor varlen, the head-loop GQA kernel before both)."""
     plans = plan_kernels(spec, "sm90")
     fwd = [p for p in plans if p.direction == "fwd"]
-    bwd = ["bwd"] * (spec.backward + (spec.backward and spec.allow_gqa))
+    gqa = spec.backward and spec.allow_gqa
+    loop = gqa and not (spec.deterministic or spec.varlen) and max(spec.head_dim, spec.head_dim_v) <= 128
+    bwd = ["bwd"] * (spec.backward + gqa + loop)
     assert [p.direction for p in plans] == ["fwd"] * len(fwd) + bwd
     assert [p.min_seqlen_q > 0 or bool(p.seqlen_q_ranges) for p in fwd] == [False] + [True] * (len(fwd) - 1)
     assert not any(p.min_seqlen_q and p.seqlen_q_ranges for p in fwd)
@@ -537,7 +539,10 @@ def test_backward_plan_fits_the_budgets(dims, deterministic):
     """backward: true adds a bwd plan next to the fwd one; its tiles fit shared memory, the register
     estimate stays within setmaxnreg; Sᵀ (P in registers) by default for d <= 128."""
     spec = spec_from_dict(_spec_dict(0, dims, "bf16", {"kind": "causal"}, {}, backward=True, deterministic=deterministic))
-    *_, fwd, mha, bwd = plan_kernels(spec, "sm90")  # (d64 with a mask: a 192-row forward for long calls first)
+    # (d64 with a mask: a 192-row forward for long calls first; GQA without determinism, d <= 128: the head-loop
+    # backward before the MHA one)
+    plans = [p for p in plan_kernels(spec, "sm90") if p.module != "bwd_sm90_gqa"]
+    *_, fwd, mha, bwd = plans
     assert (fwd.direction, bwd.direction, bwd.module) == ("fwd", "bwd", "bwd_sm90")
     assert (mha.direction, mha.module, mha.mha_only) == ("bwd", "bwd_sm90_mha", True)  # allow_gqa's MHA twin
     for budget in mha.budgets:
@@ -842,7 +847,7 @@ def test_gqa_backward_has_an_mha_twin_for_mha_calls(allow_gqa):
         assert len(bwd_plans) == 1 and notes == []
         return
     assert len(notes) == 1 and "bwd_sm90_mha" in notes[0]
-    mha = bwd_plans[0]
+    mha = bwd_plans[-2]  # (the head-loop GQA backward first: test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head)
     alone = plan_kernels(spec_from_dict(_spec_dict(0, (128, None), "bf16", {"kind": "causal"}, {}, backward=True,
                                                    allow_gqa=False)), "sm90")[-1]
     assert (mha.module, mha.mha_only, mha.dkv_accum, mha.allow_gqa) == ("bwd_sm90_mha", True, False, False)
@@ -932,3 +937,32 @@ def test_forward_rows128_twin_for_the_lengths_that_pad_192_row_tiles_worst():
         assert "fwd_sm90_rows128" not in [p.module for p in fwds((64, None), none, pipeline)]
     assert [p.module for p in fwds((64, None), none, {}, varlen=True)] == ["fwd_sm90"]
     assert "fwd_sm90_rows128" not in [p.module for p in fwds((96, None), none, {})]
+
+
+def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
+    """A GQA spec (allow_gqa, neither deterministic nor varlen, dQ through buffers) gets bwd_sm90_gqa: the MHA
+    backward's plan (same tiles, stages, dK/dV stored from registers) with gqa_head_loop and a CTA-count dispatch
+    bound; deterministic, varlen, dq_atomic (head dims above 128) and allow_gqa: false specs get none."""
+    from fa4gen.plan.sm90 import GQA_HEAD_LOOP_MIN_CTAS
+
+    def bwd(hd, mask, extra=None, **kw):
+        spec = spec_from_dict(_spec_dict(0, hd, "bf16", mask, extra or {}, **kw) | {"backward": True})
+        return {p.module: p for p in plan_kernels(spec, "sm90") if p.direction == "bwd"}
+
+    for hd in ((64, None), (96, None), (128, None)):
+        for mask in ({"kind": "none"}, {"kind": "causal"}, {"kind": "sliding_window", "left": 64, "right": 0}):
+            plans = bwd(hd, mask)
+            assert list(plans) == ["bwd_sm90_gqa", "bwd_sm90_mha", "bwd_sm90"], (hd, mask)
+            mha, loop = plans["bwd_sm90_mha"], plans["bwd_sm90_gqa"]
+            assert (loop.gqa_head_loop, loop.dkv_accum, loop.allow_gqa, loop.mha_only) == (True, False, True, False)
+            assert loop.min_kv_ctas == GQA_HEAD_LOOP_MIN_CTAS and not plans["bwd_sm90"].gqa_head_loop
+            same = {f.name for f in dataclasses.fields(KernelPlan)} - {
+                "module", "allow_gqa", "gqa_head_loop", "min_kv_ctas", "mha_only", "notes"}
+            assert all(getattr(loop, f) == getattr(mha, f) for f in same), (hd, mask)
+            assert any(f"at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs" in n for n in loop.notes)
+    causal = {"kind": "causal"}
+    assert "bwd_sm90_gqa" not in bwd((128, None), causal, deterministic=True)
+    assert "bwd_sm90_gqa" not in bwd((128, None), causal, varlen=True)
+    assert "bwd_sm90_gqa" not in bwd((256, None), causal)  # dQ added from registers (bwd_dq_atomic auto)
+    assert "bwd_sm90_gqa" not in bwd((128, None), causal, {"bwd_dq_atomic": True})
+    assert list(bwd((128, None), causal, allow_gqa=False)) == ["bwd_sm90"]

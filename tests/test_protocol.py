@@ -120,7 +120,7 @@ def test_sm90_protocol_holds(plan):
 
 def test_backward_plans_are_refused_not_passed():
     """The model mirrors the forward templates: a committed spec's backward plan must not pass it for nothing."""
-    (bwd,) = [p for p in plan_kernels(load_spec(ROOT / "specs" / "llama3_8b.yaml"), "sm90") if p.direction == "bwd" and not p.mha_only]
+    (bwd,) = [p for p in plan_kernels(load_spec(ROOT / "specs" / "llama3_8b.yaml"), "sm90") if p.module == "bwd_sm90"]
     with pytest.raises(ValueError, match=r"llama3_8b \[sm90 bwd\]: the protocol model covers forward kernels only"):
         protocol.check_sm90(bwd)
     with pytest.raises(ValueError, match="forward kernels only"):

@@ -105,7 +105,7 @@ def test_edited_generated_file_is_stale_and_build_fixes_it(work: Path):
     build = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)
     assert build.returncode == 0, build.stderr
     assert [row.split()[2] for row in _row_status(build.stdout, "llama3_8b")] == [
-        "fwd_sm90", "fwd_sm90_long", "bwd_sm90_mha", "bwd_sm90"]
+        "fwd_sm90", "fwd_sm90_long", "bwd_sm90_gqa", "bwd_sm90_mha", "bwd_sm90"]
     assert all("wrote 1 file(s)" in row for row in _row_status(build.stdout, "llama3_8b"))
     assert target.read_bytes() == original
     again = fa4gen_cli("build", "--out", str(work / "generated"), cwd=work)

@@ -330,7 +330,10 @@ class ForwardOp:
         # (retired buffers are kept and never written)
         self._dlse_views: dict[tuple, torch.Tensor] = {}
         bwd = [p for p in lock["plans"] if p["direction"] == "bwd"]
-        self.bwd_plans = {p["arch"]: p for p in bwd if not p.get("mha_only")}
+        self.bwd_plans = {p["arch"]: p for p in bwd if not (p.get("mha_only") or p.get("gqa_head_loop"))}
+        # per arch, the backward that GQA / MQA calls with enough CTAs run (plan gqa_head_loop: a CTA per kv head runs
+        # its group's q heads, dK/dV stored from registers; min_kv_ctas: key blocks x kv heads x batch)
+        self.bwd_gqa_plans = {p["arch"]: p for p in bwd if p.get("gqa_head_loop")}
         # per arch, the backward that MHA calls run when the spec allows GQA (plan mha_only: dK/dV stored from the
         # CTA instead of summed in fp32 workspaces; lock files written before session 38 have none)
         self.bwd_mha_plans = {p["arch"]: p for p in bwd if p.get("mha_only")}
@@ -418,10 +421,12 @@ class ForwardOp:
             count = spread_ctas(count, seqlen_q, plan["tile_m"], pairs)
         return count
 
-    def backward_plan(self, arch: str, heads: int, kv_heads: int) -> dict | None:
+    def backward_plan(self, arch: str, heads: int, kv_heads: int, batch: int = 0, seqlen_k: int = 0) -> dict | None:
         """The backward plan that runs a call with these head counts: the MHA kernel (plan mha_only) when the
-        package has one and the call has as many K/V heads as query heads, else the arch's backward (None: the
-        package has none for `arch`); `pinned` overrides."""
+        package has one and the call has as many K/V heads as query heads; for other calls the head-loop GQA kernel
+        (plan gqa_head_loop) when the package has one and the call (`batch` sequences of `seqlen_k` keys; 0: a
+        packed call, which it does not take) launches at least its min_kv_ctas CTAs; else the arch's backward (None:
+        the package has none for `arch`); `pinned` overrides."""
         if self._pinned_bwd is not None:
             plan = self._bwd_modules[self._pinned_bwd]
             if plan.get("mha_only") and heads != kv_heads:
@@ -431,6 +436,10 @@ class ForwardOp:
         mha = self.bwd_mha_plans.get(arch)
         if mha is not None and heads == kv_heads:
             return mha
+        loop = self.bwd_gqa_plans.get(arch)
+        if loop is not None and heads != kv_heads and batch > 0:
+            if -(-seqlen_k // loop["tile_n"]) * kv_heads * batch >= loop["min_kv_ctas"]:
+                return loop
         return self.bwd_plans.get(arch)
 
     @contextlib.contextmanager
@@ -494,9 +503,10 @@ class ForwardOp:
         return arch
 
     def kernel_plans(self, arch: str) -> list[dict]:
-        """Every kernel plan of this package for `arch`: the forwards, then the backwards (the MHA-call one too)."""
+        """Every kernel plan of this package for `arch`: the forwards, then the backwards (the MHA-call and the
+        GQA head-loop ones too)."""
         plans = [self.plans[arch], *self.long_plans.get(arch, ()), *self.range_plans.get(arch, ())]
-        return plans + [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans) if arch in p]
+        return plans + [p[arch] for p in (self.bwd_plans, self.bwd_mha_plans, self.bwd_gqa_plans) if arch in p]
 
     @staticmethod
     def _launch(fn, device: torch.device, args: list) -> None:
@@ -782,7 +792,7 @@ class ForwardOp:
             (b, s_q, h, _), (s_k, h_kv) = q.shape, k.shape[1:3]
             lse_shape, seqlens = (b, h, s_q), (s_q, s_k)
         arch = self.arch_for(q.device)
-        plan = self.backward_plan(arch, h, h_kv)
+        plan = self.backward_plan(arch, h, h_kv, *((0, 0) if packed is not None else (b, s_k)))
         if plan is None:
             _fail(
                 f"{self.name}: no backward kernel for {arch} (this package has backward kernels for "

@@ -84,6 +84,9 @@ def runs_when(plan: dict, alone: bool = False) -> str:
     its direction's only kernel for its arch."""
     if plan["direction"] == "bwd" and plan.get("mha_only"):
         return "calls with as many k/v heads as q heads"
+    if plan["direction"] == "bwd" and plan.get("gqa_head_loop"):
+        return (f"GQA / MQA calls (not packed) of at least {plan['min_kv_ctas']} CTAs: key blocks of "
+                f"{plan['tile_n']} x k/v heads x batch")
     if plan.get("min_seqlen_q"):
         when = f"calls with seqlen_q >= {plan['min_seqlen_q']}"
         keys = plan.get("min_window_keys")
@@ -107,7 +110,9 @@ def summary(plan: dict, alone: bool = False) -> dict:
     if plan["arch"] == "sm90":
         out["consumer_warpgroups"] = plan.get("num_mma_warpgroups")
     if plan["direction"] == "bwd":
-        out["dkv"] = "fp32 workspaces (GQA sums)" if plan.get("dkv_accum") else "stored from the CTA"
+        out["dkv"] = ("fp32 workspaces (GQA sums)" if plan.get("dkv_accum")
+                      else "stored from the CTA, its group's q heads in turn" if plan.get("gqa_head_loop")
+                      else "stored from the CTA")
         out["deterministic"] = bool(plan.get("deterministic"))
     return out
 
@@ -153,7 +158,7 @@ def dispatch(target: Path, batch: int, seqlen_q: int, seqlen_k: int | None, head
         shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         exit_with_problems([f"{op.name}: this call would be refused ({shapes}): {err}"])
     fwd = op.forward_plan(arch, seqlen_q, win, chunk_size)
-    bwd = op.backward_plan(arch, heads, kv_heads) if op.bwd_plans else None
+    bwd = op.backward_plan(arch, heads, kv_heads, *((0, 0) if packed else (batch, seqlen_k))) if op.bwd_plans else None
     if bwd is not None:
         no_bwd = None
     elif op.bwd_plans:

@@ -91,10 +91,13 @@ def check_name(plan: dict, check: str) -> str:
     """A check's name in the table: as is for a forward kernel, after the direction otherwise, after
     the dispatch rule for a kernel that runs only from some seqlen_q on (KernelPlan.min_seqlen_q; with
     KernelPlan.min_window_keys, only for windows or chunks that wide), only for
-    some seqlen_q ranges (KernelPlan.seqlen_q_ranges) or only for MHA calls ("mha": KernelPlan.mha_only)."""
+    some seqlen_q ranges (KernelPlan.seqlen_q_ranges), only for MHA calls ("mha": KernelPlan.mha_only) or for GQA
+    calls with enough CTAs ("gqa>=N CTAs": KernelPlan.gqa_head_loop, min_kv_ctas)."""
     words = [] if plan["direction"] == "fwd" else [plan["direction"]]
     if plan.get("mha_only"):
         words.append("mha")
+    if plan.get("gqa_head_loop"):
+        words.append(f"gqa>={plan['min_kv_ctas']}CTAs")
     if plan.get("min_seqlen_q"):
         words.append(f"seqlen_q>={plan['min_seqlen_q']}")
     if plan.get("min_window_keys"):
@@ -225,8 +228,9 @@ def has_hopper() -> bool:
 
 def kernel_of(pkg, plan: dict):
     """A context in which the package's calls run `plan`'s kernel whatever their seqlen_q or head counts (a
-    package may hold several forwards of one arch, picked per call: KernelPlan.min_seqlen_q / seqlen_q_ranges, and two backwards,
-    the MHA one for calls with as many K/V heads as query heads: KernelPlan.mha_only)."""
+    package may hold several forwards of one arch, picked per call: KernelPlan.min_seqlen_q / seqlen_q_ranges, and up to
+    three backwards: the MHA one for calls with as many K/V heads as query heads (KernelPlan.mha_only), the head-loop
+    GQA one for GQA calls with enough CTAs (KernelPlan.gqa_head_loop))."""
     op = getattr(pkg, "_forward", None)
     return op.pinned(plan["module"]) if hasattr(op, "pinned") else contextlib.nullcontext()
 

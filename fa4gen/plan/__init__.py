@@ -27,8 +27,8 @@ class ArchFamily:
 
 ARCHS: dict[str, ArchFamily] = {
     "sm90": ArchFamily("sm90", "sm_90a", (sm90.plan_forward, sm90.plan_forward_long,
-                                             sm90.plan_forward_rows128, sm90.plan_backward_mha,
-                                             sm90.plan_backward)),
+                                             sm90.plan_forward_rows128, sm90.plan_backward_gqa,
+                                             sm90.plan_backward_mha, sm90.plan_backward)),
     "sm100": ArchFamily("sm100", "sm_100a", (sm100.plan_forward,)),
 }
 

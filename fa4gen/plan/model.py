@@ -94,6 +94,9 @@ class KernelPlan:
     # dispatch (backward): the API runs this kernel only for calls with as many K/V heads as query heads; the
     # spec allows GQA, and its other backward (dK/dV summed in fp32 over each group) takes the GQA/MQA calls
     mha_only: bool = False
+    # dispatch (backward, gqa_head_loop): the API runs this kernel for GQA / MQA calls with at least this many CTAs
+    # (key blocks x kv heads x batch); calls with fewer take the spec's fp32-workspace backward (a CTA per q head)
+    min_kv_ctas: int = 0
     # checked budgets
     budgets: tuple[Budget, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -130,6 +133,9 @@ class KernelPlan:
     do_stages: int = 1
     pds_stages: int = 1
     dkv_accum: bool = False  # dK/dV summed in fp32 over the q heads of a group (GQA), else stored directly
+    # GQA: one CTA per (key block, kv head, batch) runs the query blocks of its group's q heads in turn, so dK/dV
+    # stay in registers and are stored once (the MHA kernel's loops, once per q head; no fp32 workspace)
+    gqa_head_loop: bool = False
     dq_buffers: int = 1  # fp32 dQ tiles in smem: one per consumer warpgroup, or one shared in turns
     dq_atomic: bool = False  # dQ tiles added by red.global.add.v4.f32 from registers (no smem hand-off)
     # non-deterministic hand-off: the first key block to reach a query tile stores its dQ chunks (a claim flag

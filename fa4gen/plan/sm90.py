@@ -517,6 +517,28 @@ def plan_backward_mha(spec: AttentionSpec) -> KernelPlan | None:
     return replace(plan, module="bwd_sm90_mha", mha_only=True, notes=(*plan.notes, note))
 
 
+# The GQA backward with a group's q heads in one CTA (bwd_sm90_gqa) runs calls with at least this many CTAs (key blocks
+# x kv heads x batch): two waves of the H100 / H200's 132 SMs. Below, the fp32-workspace backward's CTA per q head
+# keeps the SMs busy (an MQA call at batch 1, s2k, d128: 16 CTAs with the head loop, 512 without). Not measured yet.
+GQA_HEAD_LOOP_MIN_CTAS = 2 * PERSISTENT_CTAS
+
+
+def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
+    """The third SM90 backward of a spec with backward and allow_gqa (not varlen, not deterministic): the MHA
+    kernel's plan with its loops run once per q head of a kv head's group in one CTA (gqa_head_loop), which stores
+    dK/dV straight from registers. The API runs it for GQA / MQA calls with at least GQA_HEAD_LOOP_MIN_CTAS CTAs."""
+    if not (spec.backward and spec.allow_gqa) or spec.varlen or spec.deterministic:
+        return None
+    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}))
+    if plan.dq_atomic:  # dQ added from the consumers' registers: not built with the head loop
+        return None
+    note = (f"dispatch: the API runs this kernel for GQA / MQA calls with at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs (key "
+            "blocks x kv heads x batch): one CTA per (key block, kv head) runs its group's q heads in turn and stores "
+            "dK/dV from registers; bwd_sm90 (a CTA per q head, dK/dV summed in fp32 workspaces) below")
+    return replace(plan, module="bwd_sm90_gqa", allow_gqa=True, gqa_head_loop=True,
+                   min_kv_ctas=GQA_HEAD_LOOP_MIN_CTAS, notes=(*plan.notes, note))
+
+
 def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
     """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true."""
     if not spec.backward:
