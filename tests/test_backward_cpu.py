@@ -171,6 +171,8 @@ SPECS = {
     "chunked": dict(name="bwd_chunked", dtype="fp16", head_dim=32, mask={"kind": "chunked", "chunk_size": 4},
                     allow_gqa=False),
     "causal": dict(name="bwd_causal", dtype="bf16", head_dim=32, mask={"kind": "causal"}, allow_gqa=True),
+    # the persistent backward (MHA without a mask): its CTA count after the run-time arguments
+    "none_mha": dict(name="bwd_none_mha", dtype="bf16", head_dim=32, allow_gqa=False),
 }
 
 
@@ -242,6 +244,10 @@ class FakeKernels:
         claim = plan.get("dq_claim", False)
         n = 13 + 2 * plan["dkv_accum"] + claim + plan["deterministic"] + (plan["deterministic"] and plan["dkv_accum"])
         tensors, args = a[:n], a[n:]
+        ctas = None
+        if plan["scheduler"] == "persistent":  # its CTA count last: the plan's stand-in off CUDA
+            *args, ctas = args
+            assert ctas == plan["persistent_ctas"] > 0
         q, k, v, out, dout, lse, dlse, dq, dk, dv, lse_log2, dpsum, dq_accum = tensors[:13]
         extra = list(tensors[13:])
         b, s_q, h, d = q.shape
@@ -286,7 +292,7 @@ class FakeKernels:
             want = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
         for t, g in zip((dq, dk, dv), want):
             t.copy_(g)
-        self.calls.append(dict(sem=sem, dlse=dlse.clone(), dout=dout.clone()))
+        self.calls.append(dict(sem=sem, dlse=dlse.clone(), dout=dout.clone(), ctas=ctas))
 
 
 def _inputs(pkg, b=2, s_q=9, s_k=11, h=4, h_kv=2, seed=0):
@@ -340,6 +346,22 @@ def test_autograd_matches_reference_with_every_kernel_argument(build_pkg, monkey
     assert got["window"] == (5, 1) and got["softmax_scale"] == pytest.approx(0.3) and got["softcap"] == 5.0
     assert torch.equal(fake.calls[0]["dlse"], dlse)
     _assert_grads((q, k, v), _ref_grads(q, k, v, dout, dlse, **sem))
+
+
+def test_persistent_backward_launch_ends_in_its_cta_count(build_pkg, monkeypatch):
+    """An MHA spec without a mask gets the persistent backward (one CTA per SM over the key-block tiles): its
+    launch carries the CTA count after the run-time arguments (off CUDA the plan's stand-in, on a GPU its SM
+    count), and autograd's gradients are the reference's."""
+    pkg = build_pkg(**SPECS["none_mha"])
+    plan = pkg._forward.bwd_plans["sm90"]
+    assert plan["scheduler"] == "persistent" and not pkg._forward.bwd_mha_plans
+    fake = FakeKernels(pkg._forward).install(monkeypatch)
+    q, k, v = _inputs(pkg, h=4, h_kv=4, seed=21)
+    out = pkg.attention(q, k, v)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(21)).to(out.dtype)
+    out.backward(dout)
+    assert fake.calls[-1]["ctas"] == plan["persistent_ctas"]
+    _assert_grads((q, k, v), _ref_grads(q, k, v, dout, causal=False))
 
 
 def test_lse_gradient_alone_and_zero_when_unused(build_pkg, monkeypatch):

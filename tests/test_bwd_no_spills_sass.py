@@ -11,7 +11,10 @@ that spilled before, one per cause):
   24 registers, was spilled and reloaded between the masked and unmasked runs (d64 causal varlen);
   the consumers now take it from the tile record;
 - the fp16 deterministic MHA backward with 80-row Sᵀ steps spilled a piece of the dS stmatrix's per-thread
-  index (signed-division fix-ups of tidx_c); the template masks that index to [0, 256) there."""
+  index (signed-division fix-ups of tidx_c); the template masks that index to [0, 256) there;
+- the persistent backward (MHA without a mask): LLVM hoisted the epilogue's dK / dV stmatrix addresses out of
+  the tile loop, and held across every tile's query blocks they spilled (fp16 d128 10, bf16 d128 softcap 4); the
+  template derives them from an index it cannot hoist (tidx_e)."""
 
 import re
 
@@ -44,6 +47,9 @@ CASES = {
     # fp16 deterministic MHA, 80-row Sᵀ steps: a piece of the dS stmatrix's per-thread index (ds_thread_masked)
     "d128_none_fp16_det": (128, NONE, False, False, True, "fp16", 0.0),  # 3, 1 in the key-block loop
     "d128_none_fp16_varlen_det": (128, NONE, False, True, True, "fp16", 0.0),  # 3
+    # the persistent backward: the epilogue's stmatrix addresses hoisted out of the tile loop
+    "d128_none_fp16_persistent": (128, NONE, False, False, False, "fp16", 0.0),  # 10
+    "d128_none_softcap_persistent": (128, NONE, False, False, False, "bf16", 20.0),  # 4
 }
 
 

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOPPER, reason="needs a Ho
 SPECS = {
     "gb_bf16_d128_causal_gqa": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"}),
     "gb_fp16_d64_none_mha": dict(dtype="fp16", head_dim=64, allow_gqa=False),
+    # the grid's d128 MHA backward without a mask: 80-row Sᵀ steps, persistent (as the d64 one above)
+    "gb_bf16_d128_none_mha": dict(dtype="bf16", head_dim=128, allow_gqa=False),
     "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                              mask={"kind": "chunked", "chunk_size": 96}),
@@ -310,3 +312,45 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
     for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
         err = (g.float() - r).abs().max().item()
         assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
+
+
+# the persistent backwards (plan scheduler "persistent": MHA without a mask, Sᵀ, neither deterministic nor varlen)
+PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha"]
+
+
+@pytest.mark.parametrize("name", PERSISTENT_SPECS)
+def test_persistent_backward_strides_over_many_tiles(name, monkeypatch):
+    """SHAPES hold fewer (key block, head, batch) tiles than the persistent grid's CTAs, so each CTA runs one; here
+    every CTA runs several: calls of more tiles than the GPU has SMs, and small calls again with the CTA count held at
+    3 (K / V reloaded per tile once the last tile's dK / dV have left their buffers, the Q / dO rings, the dQ hand-off
+    and its claims carried across tiles of other heads and batches; partial last key blocks and query tiles)."""
+    pkg, spec = _package(name), _resolved(name)
+    op = pkg._forward
+    assert op.bwd_plans["sm90"]["scheduler"] == "persistent"
+    gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
+    runs = [(None, (4, 1000, 777, 8, 8)), (None, (2, 300, 2000, 16, 16)),
+            (3, (1, 77, 130, 4, 4)), (3, (3, 256, 384, 2, 2)), (3, (2, 1, 300, 3, 3))]
+    device = torch.cuda.current_device()
+    for ctas, (b, s_q, s_k, h, h_kv) in runs:
+        if ctas is not None:
+            op.persistent_ctas(op.bwd_plans["sm90"], torch.device("cuda", device))  # the SM count, cached
+            monkeypatch.setitem(op._sm_count_by_device, device, ctas)
+        tiles = -(-s_k // op.bwd_plans["sm90"]["tile_n"]) * h * b
+        launched = op.persistent_ctas(op.bwd_plans["sm90"], torch.device("cuda", device))
+        assert tiles > launched, (tiles, launched)  # several tiles per CTA
+        q, k, v = _inputs(spec, b, s_q, s_k, h, h_kv, gen)
+        out = pkg.attention(q, k, v)
+        dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+        _poison(q, k, v)
+        out.backward(dout)
+        torch.cuda.synchronize()
+        sem = _semantics(spec, None, None)
+        ref = attention_ref_grads(q, k, v, dout, **sem)
+        low = attention_ref_grads(q, k, v, dout, upcast=False, **sem)
+        where = f"{name} shape={(b, s_q, s_k, h, h_kv)} ctas={ctas or 'SMs'}"
+        for g_name, t, r, lo in zip(("dq", "dk", "dv"), (q, k, v), ref, low):
+            g = t.grad
+            assert g is not None and torch.isfinite(g).all(), f"{where}: {g_name} has unwritten or non-finite elements"
+            err = (g.float() - r).abs().max().item()
+            budget = _budget(lo, r, sem["softcap"])
+            assert err <= budget, f"{where}: {g_name} max error {err:.3g} > budget {budget:.3g}"

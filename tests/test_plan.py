@@ -957,8 +957,12 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
             assert (loop.gqa_head_loop, loop.dkv_accum, loop.allow_gqa, loop.mha_only) == (True, False, True, False)
             assert loop.min_kv_ctas == GQA_HEAD_LOOP_MIN_CTAS and not plans["bwd_sm90"].gqa_head_loop
             same = {f.name for f in dataclasses.fields(KernelPlan)} - {
-                "module", "allow_gqa", "gqa_head_loop", "min_kv_ctas", "mha_only", "notes"}
+                "module", "allow_gqa", "gqa_head_loop", "min_kv_ctas", "mha_only", "notes", "scheduler",
+                "persistent_ctas"}
             assert all(getattr(loop, f) == getattr(mha, f) for f in same), (hd, mask)
+            # one CTA per (key block, kv head, batch): never the MHA twin's persistent loop (no mask)
+            assert (loop.scheduler, loop.persistent_ctas) == ("grid", 0)
+            assert mha.scheduler == ("persistent" if mask["kind"] == "none" else "grid"), (hd, mask)
             assert any(f"at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs" in n for n in loop.notes)
     causal = {"kind": "causal"}
     assert "bwd_sm90_gqa" not in bwd((128, None), causal, deterministic=True)
@@ -966,3 +970,25 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
     assert "bwd_sm90_gqa" not in bwd((256, None), causal)  # dQ added from registers (bwd_dq_atomic auto)
     assert "bwd_sm90_gqa" not in bwd((128, None), causal, {"bwd_dq_atomic": True})
     assert list(bwd((128, None), causal, allow_gqa=False)) == ["bwd_sm90"]
+
+
+@pytest.mark.parametrize("dims", [(64, None), (96, None), (128, None)])
+def test_backward_is_persistent_for_mha_without_a_mask(dims):
+    """The persistent backward (one CTA per SM over the key-block tiles, round-robin) is planned for the Sᵀ MHA
+    kernels without a mask, neither deterministic nor varlen, dQ through the hand-off: every tile the same work.
+    allow_gqa specs get it in their MHA twin (bwd_sm90_mha) only; every other backward keeps one CTA per tile."""
+    def bwd(mask=None, pipe=None, module="bwd_sm90", **kw):
+        spec = spec_from_dict(_spec_dict(0, dims, "bf16", mask or {"kind": "none"}, pipe or {}, backward=True, **kw))
+        return {p.module: p for p in plan_kernels(spec, "sm90") if p.direction == "bwd"}[module]
+
+    mha = bwd(allow_gqa=False)
+    assert (mha.scheduler, mha.persistent_ctas, mha.swap_sdp, mha.dq_claim) == ("persistent", 132, True, True)
+    assert any(n.startswith("persistent: 132 CTAs") for n in mha.notes)
+    twin, gqa, loop = bwd(module="bwd_sm90_mha"), bwd(), bwd(module="bwd_sm90_gqa")
+    assert (twin.scheduler, gqa.scheduler, loop.scheduler) == ("persistent", "grid", "grid")
+    others = [bwd({"kind": "causal"}, allow_gqa=False), bwd(deterministic=True, allow_gqa=False),
+              bwd(varlen=True, allow_gqa=False), bwd(pipe={"bwd_dq_atomic": True}, allow_gqa=False),
+              bwd(pipe={"bwd_swap_ab": False}, allow_gqa=False),
+              bwd({"kind": "sliding_window", "left": 64, "right": 0}, allow_gqa=False)]
+    assert [(p.scheduler, p.persistent_ctas) for p in others] == [("grid", 0)] * len(others)
+    assert bwd(softcap=20.0, allow_gqa=False).scheduler == ("grid" if dims[0] <= 64 else "persistent")  # d64: S layout

@@ -56,7 +56,7 @@ def _run(step, q, k, v):
     return [loss.detach(), out.detach(), lse.detach()] + [t.grad.clone() for t in (q, k, v)]
 
 
-CALLS = {"local": dict(softmax_scale=0.3, window=(3, 1)), "chunked": dict(chunk_size=3), "causal": {}}
+CALLS = {"local": dict(softmax_scale=0.3, window=(3, 1)), "chunked": dict(chunk_size=3), "causal": {}, "none_mha": {}}
 
 
 @pytest.mark.parametrize("which", sorted(SPECS))

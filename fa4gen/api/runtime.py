@@ -858,6 +858,8 @@ class ForwardOp:
         if packed is not None:
             tensors += list(packed.backward_tensors())
             args.append(int(packed.seqused_k is not None))
+        if plan["scheduler"] == "persistent":  # its CTA count last (never packed)
+            args.append(self.persistent_ctas(plan, q.device))
         self._launch(self.function(plan), q.device, tensors + args)
         return grads
 

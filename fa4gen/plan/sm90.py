@@ -529,7 +529,8 @@ def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
     dK/dV straight from registers. The API runs it for GQA / MQA calls with at least GQA_HEAD_LOOP_MIN_CTAS CTAs."""
     if not (spec.backward and spec.allow_gqa) or spec.varlen or spec.deterministic:
         return None
-    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}))
+    # one CTA per (key block, kv head, batch) on the grid: the persistent MHA loop is not built with the head loop
+    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}), allow_persistent=False)
     if plan.dq_atomic:  # dQ added from the consumers' registers: not built with the head loop
         return None
     note = (f"dispatch: the API runs this kernel for GQA / MQA calls with at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs (key "
@@ -539,8 +540,10 @@ def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
                    min_kv_ctas=GQA_HEAD_LOOP_MIN_CTAS, notes=(*plan.notes, note))
 
 
-def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
-    """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true."""
+def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> KernelPlan | None:
+    """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true.
+    allow_persistent=False keeps one CTA per tile where the persistent loop would be planned (the GQA head-loop
+    kernel, built and measured on the grid)."""
     if not spec.backward:
         return None
     problems = []
@@ -709,6 +712,18 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
                "; with dQ from registers forced at d128, 0.86-0.88x (H200, session 10; the hand-off's 0.90-0.95x "
                "in the same call is faster there)")
         )
+    # persistent: one CTA per SM loops over the (key block, head, batch) tiles, so a tile's set-up (the CTA's launch,
+    # barrier set-up, the first Q / dO loads) overlaps the previous tile's end (its dK / dV epilogue, its last dQ
+    # adds landing) instead of leaving the SM's tensor cores idle between CTAs. From session 44's main-kernel times
+    # (d64 without a mask, H200) that per-CTA cost is ~3.9 us beside ~2.2 us per query block: 30% of an s512 CTA.
+    # First built for the Sᵀ MHA kernels without a mask (every tile the same work, so tiles go round-robin), neither
+    # deterministic nor varlen, dQ through the hand-off with the claim (docs/STATUS.md "Where to start" item 2)
+    persistent = (swap and spec.mask.kind == "none" and not spec.varlen and not spec.deterministic
+                  and not spec.allow_gqa and claim and allow_persistent)
+    if persistent:
+        notes.append(f"persistent: {PERSISTENT_CTAS} CTAs at compile time (the GPU's SM count at run time) loop over "
+                     "the (key block, head, batch) tiles round-robin, key blocks fastest; K / V reloaded per tile "
+                     "once the previous tile's dK / dV have left their buffers")
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
     return KernelPlan(
@@ -722,7 +737,8 @@ def plan_backward(spec: AttentionSpec) -> KernelPlan | None:
         regs_consumer=REGS_CONSUMER[2],
         ping_pong=False,
         intra_wg_overlap=False,
-        scheduler="grid",
+        scheduler="persistent" if persistent else "grid",
+        persistent_ctas=PERSISTENT_CTAS if persistent else 0,
         **fields,
         budgets=budgets,
         notes=tuple(notes),
