@@ -21,7 +21,7 @@ def fake_arguments(package_dir: Path, module: str) -> list:
 
 def _torch_dtype(element_type) -> torch.dtype:
     return {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32,
-            "Int32": torch.int32}[element_type.__name__]
+            "Int32": torch.int32, "Int64": torch.int64}[element_type.__name__]
 
 
 def check_signature(args: list, fakes: list, where: str) -> None:

@@ -5,7 +5,7 @@ are symbolic multiples of 8 elements (16 bytes, what TMA needs) with a unit last
 """
 
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass.cute import runtime
 
 
@@ -51,6 +51,11 @@ def cu_seqlens():
         runtime.make_fake_compact_tensor(Int32, (size,), stride_order=(0,), assumed_align=4)
         for size in (n, n, cute.sym_int())
     )
+
+
+def trace(events: int):
+    """A traced build's int64 (rows, events) timestamp tensor (fa4gen/device/trace.py), contiguous."""
+    return runtime.make_fake_compact_tensor(Int64, (cute.sym_int(), events), stride_order=(1, 0), assumed_align=8)
 
 
 def stream():

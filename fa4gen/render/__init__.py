@@ -13,6 +13,7 @@ import hashlib
 import json
 import keyword
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,18 +97,25 @@ def _sha(text: str) -> str:
 
 
 def render_package(
-    spec: AttentionSpec, plans: list[KernelPlan], *, spec_label: str, unavailable: dict[str, str]
+    spec: AttentionSpec, plans: list[KernelPlan], *, spec_label: str, unavailable: dict[str, str],
+    trace: Collection[str] = (),
 ) -> RenderedPackage:
-    """All files of generated/<spec.name>/. `spec_label` is the spec path as the user names it."""
+    """All files of generated/<spec.name>/. `spec_label` is the spec path as the user names it. `trace`
+    (kernel modules; tools/bwd_timeline.py only) renders those kernels traced: they take one more tensor and
+    write timestamps into it (SM90 backward kernels only; fa4gen/device/trace.py)."""
     env = make_environment()
     for plan in plans:
         for f in IDENTIFIER_FIELDS:
             _ident(getattr(plan, f))
+    traceable = {p.module for p in plans if p.arch == "sm90" and p.direction == "bwd"}
+    if not set(trace) <= traceable:
+        raise ValueError(f"trace: {sorted(set(trace) - traceable)}: expected SM90 backward kernels of this package "
+                         f"({', '.join(sorted(traceable)) or 'none'})")
     header = dict(version=__version__, spec_label=spec_label, spec_sha=spec_digest(spec))
     files: dict[str, str] = {}
     for plan in plans:
         template = env.get_template(f"{plan.arch}/{plan.direction}.py.j2")
-        files[f"{plan.module}.py"] = template.render(plan=plan, **header)
+        files[f"{plan.module}.py"] = template.render(plan=plan, trace_events=8 if plan.module in trace else 0, **header)
     files["__init__.py"] = env.get_template("package/__init__.py.j2").render(
         spec=spec, plans=plans, unavailable=sorted(unavailable.items()), **header
     )

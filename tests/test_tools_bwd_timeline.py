@@ -1,0 +1,113 @@
+"""tools/bwd_timeline.py on the CPU: its phase arithmetic on hand-made trace rows, the traced build's launch (the
+API's arguments plus the trace tensor) against the traced kernel's compiled signature, the render's refusal of
+kernels it cannot trace, and (compile) the traced kernel's SASS."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.launch_check import call, capture, check_signature, fake_arguments
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bwd_timeline", ROOT / "tools" / "bwd_timeline.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bwd_timeline"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tool = _tool()
+
+
+def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns):
+    return [sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns]
+
+
+def test_phases_and_the_gaps_between_ctas_on_one_sm():
+    # SM 3 runs two CTAs (clock in cycles, 2 cycles per ns), SM 5 one; listed out of order
+    rows = [
+        _row(3, 1300, 1400, 1600, 2600, 2700, 650, 1350),
+        _row(5, 100, 180, 300, 1100, 1200, 50, 600),
+        _row(3, 100, 200, 400, 1000, 1200, 50, 600),
+    ]
+    p = tool.phases(rows)
+    c = p["cycles"]
+    assert c["prologue"] == [100, 80, 100]
+    assert c["kv_wait"] == [200, 120, 200]
+    assert c["blocks"] == [1000, 800, 600]
+    assert c["epilogue"] == [100, 100, 200]
+    assert c["gap"] == [100]  # SM 3: the second CTA entered 100 cycles after the first one's epilogue ended
+    assert p["cycles_per_ns"] == pytest.approx((1400 + 1100 + 1100) / (700 + 550 + 550))
+    assert (p["sms"], p["span_ns"], p["busy_ns"]) == (2, 1300, 1800)
+    s = tool.summary(p, blocks_per_row=4)
+    rate = p["cycles_per_ns"] * 1e3
+    assert s["blocks"]["mean_us"] == pytest.approx(800 / rate)
+    assert s["per_block_us"] == pytest.approx(800 / rate / 4)
+    assert s["gap"]["median_us"] == pytest.approx(100 / rate)
+    assert sum(v["share"] for k, v in s.items() if k in tool.PHASES) == pytest.approx(1.0)
+    assert s["busy_share"] == pytest.approx(1800 / (1300 * 2))
+
+
+@pytest.mark.parametrize(("mask", "grid"), [("none", False), ("none", True), ("causal", False)])
+def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, tmp_path, monkeypatch):
+    """The API's backward launch with the tool's trace tensor inserted is what the traced kernel compiles for
+    (count, ranks, dtypes, extents); without it the count is one short."""
+    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), grid, tmp_path)
+    op = pkg._forward
+    assert (plan.scheduler == "persistent") == (mask == "none" and not grid)
+    assert op.bwd_plans["sm90"]["scheduler"] == plan.scheduler
+    launched = capture(op, monkeypatch, "sm90")
+    call(pkg, op.bwd_plans["sm90"], grad=True)
+    (args,) = [a for m, a in launched if m == plan.module]
+    fakes = fake_arguments(op.dir, plan.module)
+    check_signature(tool.with_trace(args, torch.full((24, 8), -1, dtype=torch.int64)), fakes,
+                    f"{plan.module} traced")
+    with pytest.raises(AssertionError, match="arguments launched"):
+        check_signature(args, fakes, plan.module)
+    source = (op.dir / f"{plan.module}.py").read_text()
+    assert "TRACE_EVENTS = 8" in source and source.count("trace.record(") >= 5
+
+
+def test_render_traces_sm90_backward_kernels_only(tmp_path):
+    from fa4gen.builder import plan_spec
+    from fa4gen.render import render_package
+    from fa4gen.spec import spec_from_dict
+
+    spec = spec_from_dict(tool.spec_dict(64, "none"))
+    plans, unavailable = plan_spec(spec, archs=["sm90"])
+    with pytest.raises(ValueError, match=r"trace: \['fwd_sm90'\]: expected SM90 backward kernels of this package "
+                                         r"\(bwd_sm90\)"):
+        render_package(spec, plans, spec_label="x", unavailable=unavailable, trace={"fwd_sm90"})
+    plain = render_package(spec, plans, spec_label="x", unavailable=unavailable)
+    traced = render_package(spec, plans, spec_label="x", unavailable=unavailable, trace={"bwd_sm90"})
+    assert "mTrace" not in plain.files["bwd_sm90.py"] and "mTrace" in traced.files["bwd_sm90.py"]
+    assert plain.files["fwd_sm90.py"] == traced.files["fwd_sm90.py"]
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_the_traced_backward_compiles_without_spills(mask, tmp_path):
+    """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 five times) and the traced kernel
+    holds no LDL/STL, so the trace does not move what it measures by spilling."""
+    pytest.importorskip("cutlass")
+    from fa4gen.compile.generated import compile_generated
+    from fa4gen.compile.sass import find_nvdisasm
+
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (needed for the SASS)")
+    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), False, tmp_path)
+    op = pkg._forward
+    result = compile_generated(op.dir / f"{plan.module}.py", f"{op.package}.{plan.module}", op.bwd_plans["sm90"],
+                               cache=None, keep_sass=True)
+    sass = result.sass_text
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    assert sass.count("SR_GLOBALTIMER") == 2 and sass.count("SR_CLOCK") >= 5

@@ -1,0 +1,202 @@
+"""Where an SM90 backward CTA's time goes: a traced build of the main kernel writes timestamps per CTA (per tile
+when persistent) and this prints the phases, so the per-CTA cost that tools/cta_cost.py fits from whole-kernel
+times can be split into its parts.
+
+Phases, from %clock64 (the SM's own cycle counter, so a CTA's phases and the gap to the next CTA on the same SM
+are exact), converted to µs with the clock rate %globaltimer gives over the same CTAs:
+  prologue   entry -> the consumers start (barrier set-up, setmaxnreg; one-tile-per-CTA kernels only)
+  kv_wait    the consumers start -> K / V landed
+  blocks     K / V landed -> the last query block done (per query block: blocks / count)
+  epilogue   the last query block done -> dK / dV out (their stores' reads waited for)
+  gap        one CTA's (tile's) epilogue end -> the next CTA's entry (tile's start) on the same SM: the teardown and
+             launch that a persistent kernel removes (persistent: the loop's own turnaround)
+and the kernel's span against the SMs' busy time (the tail: SMs idle while the last CTAs finish).
+
+The traced build is rendered with `fa4gen.render.render_package(..., trace={module})` into a scratch package:
+the kernel takes one more tensor (fa4gen/device/trace.py), nothing else changes; the packages users build are
+never traced. Shapes follow tools/bench_fwd.py's grid (batch x seqlen = 16384 tokens, 2048 / d heads).
+
+Run on the GPU machine: `python3 tools/bwd_timeline.py --head-dim 128 --mask none --seqlens 512,2048 [--grid]
+[--out DIR]` (`--grid`: one CTA per tile even where the plan is persistent, to compare the two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# the trace columns (templates/sm90/bwd.py.j2's T_* constants)
+T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS = range(8)
+PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
+
+
+def spec_dict(d: int, mask: str) -> dict:
+    """tools/bench_fwd.py's backward spec of a grid row (MHA, bf16, the plan's own pipeline choices)."""
+    return dict(name=f"timeline_d{d}_{mask}", targets=["sm90"], dtype="bf16", head_dim=d,
+                mask={"kind": "causal"} if mask == "causal" else {"kind": "none"},
+                backward=True, allow_gqa=False)
+
+
+def traced_package(spec: dict, grid: bool, out_dir: Path):
+    """Render `spec` with its SM90 backward traced (and, with `grid`, one CTA per tile) and import it."""
+    from fa4gen.builder import plan_spec, write_package
+    from fa4gen.compile.generated import import_from_path
+    from fa4gen.render import RenderedPackage, render_package
+    from fa4gen.spec import spec_from_dict
+
+    s = spec_from_dict(spec)
+    plans, unavailable = plan_spec(s, archs=["sm90"])
+    if grid:
+        plans = [dataclasses.replace(p, scheduler="grid", persistent_ctas=0)
+                 if p.direction == "bwd" and p.scheduler == "persistent" else p for p in plans]
+    bwd = [p for p in plans if p.direction == "bwd"]
+    if not bwd or any(p.varlen or p.dkv_accum for p in bwd):
+        raise SystemExit(f"{s.name}: expected an MHA SM90 backward without varlen (the trace rows are per key block)")
+    pkg = render_package(s, plans, spec_label="<bwd_timeline>", unavailable=unavailable, trace={p.module for p in bwd})
+    name = f"fa4gen_timeline_{s.name}{'_grid' if grid else ''}"
+    write_package(RenderedPackage(name=name, files=pkg.files), out_dir)
+    return import_from_path(name, out_dir / name / "__init__.py", package=True), bwd[0]
+
+
+def phases(rows: list[list[int]]) -> dict:
+    """Per-row phase lengths in cycles, the gaps between consecutive rows on one SM, and the clock rate (cycles
+    per ns) from the rows' own entry -> end spans."""
+    out = {name: [] for name in PHASES}
+    cycles = ns = 0
+    for r in rows:
+        out["prologue"].append(r[T_CONSUMERS] - r[T_ENTRY])
+        out["kv_wait"].append(r[T_KV] - r[T_CONSUMERS])
+        out["blocks"].append(r[T_BLOCKS] - r[T_KV])
+        out["epilogue"].append(r[T_EPILOGUE] - r[T_BLOCKS])
+        cycles += r[T_EPILOGUE] - r[T_ENTRY]
+        ns += r[T_END_NS] - r[T_ENTRY_NS]
+    by_sm: dict[int, list[list[int]]] = {}
+    for r in rows:
+        by_sm.setdefault(r[T_SM], []).append(r)
+    for sm_rows in by_sm.values():
+        sm_rows.sort(key=lambda r: r[T_ENTRY])
+        out["gap"] += [b[T_ENTRY] - a[T_EPILOGUE] for a, b in zip(sm_rows, sm_rows[1:])]
+    return {"cycles": out, "cycles_per_ns": cycles / ns if ns > 0 else float("nan"), "sms": len(by_sm),
+            "span_ns": max(r[T_END_NS] for r in rows) - min(r[T_ENTRY_NS] for r in rows),
+            "busy_ns": sum(r[T_END_NS] - r[T_ENTRY_NS] for r in rows)}
+
+
+def summary(p: dict, blocks_per_row: float) -> dict:
+    """Medians / means of each phase in µs, each phase's share of a row's mean time, the SMs' busy share."""
+    rate = p["cycles_per_ns"] * 1e3  # cycles per µs
+    out = {}
+    for name, values in p["cycles"].items():
+        if values:
+            out[name] = {"median_us": statistics.median(values) / rate, "mean_us": statistics.fmean(values) / rate}
+    per_row = sum(v["mean_us"] for k, v in out.items())
+    for v in out.values():
+        v["share"] = v["mean_us"] / per_row if per_row else float("nan")
+    out["per_block_us"] = out["blocks"]["mean_us"] / blocks_per_row if blocks_per_row else float("nan")
+    out["clock_ghz"] = p["cycles_per_ns"]
+    out["busy_share"] = p["busy_ns"] / (p["span_ns"] * p["sms"]) if p["span_ns"] else float("nan")
+    out["span_us"] = p["span_ns"] / 1e3
+    return out
+
+
+def with_trace(args: list, trace) -> list:
+    """The API's launch arguments of the backward with the trace tensor after its last tensor argument: where the
+    traced kernel takes it (its last tensor parameter, before the run-time scalars)."""
+    import torch
+
+    last = max(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+    return [*args[:last + 1], trace, *args[last + 1:]]
+
+
+def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[list[list[int]], float]:
+    """The traced backward of one grid cell, `repeats` times (the last one's rows); mean query blocks per row."""
+    import torch
+
+    from fa4gen.api.runtime import ForwardOp
+
+    b, h = 16384 // s, 2048 // d
+    op = pkg._forward
+    bwd_fn = op.function(op.bwd_plans["sm90"])
+    n_rows = -(-s // plan.tile_n) * h * b
+    trace = torch.full((n_rows, 8), -1, dtype=torch.int64, device="cuda")
+    launch = ForwardOp._launch
+
+    def traced_launch(fn, device, args):
+        launch(fn, device, with_trace(args, trace) if fn is bwd_fn else args)
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for _ in range(3))
+    ForwardOp._launch = staticmethod(traced_launch)
+    try:
+        for _ in range(repeats):
+            out = pkg.attention(q, k, v)
+            out.backward(torch.ones_like(out))
+        torch.cuda.synchronize()
+    finally:
+        ForwardOp._launch = staticmethod(launch)
+    rows = trace.cpu().tolist()
+    missing = sum(1 for r in rows if min(r) < 0)
+    if missing:
+        raise SystemExit(f"d{d} s{s}: {missing} of {len(rows)} trace rows not written")
+    m_tiles = -(-s // plan.tile_m)
+    if causal:  # query blocks per key block, bottom-right aligned causal (seqlen_q == seqlen_k)
+        from fa4gen.emulate.tiling import m_block_range
+
+        visits = 0
+        for n in range(-(-s // plan.tile_n)):
+            lo, hi = m_block_range(n, plan.tile_n, plan.tile_m, s, s, -1, -1, 0, causal=True, local=False,
+                                   chunked=False)
+            visits += hi - lo
+        blocks = visits / -(-s // plan.tile_n)
+    else:
+        blocks = m_tiles
+    return rows, blocks
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--mask", choices=("none", "causal"), default="none")
+    ap.add_argument("--seqlens", default="512,1024,2048")
+    ap.add_argument("--grid", action="store_true", help="one CTA per tile even where the plan is persistent")
+    ap.add_argument("--repeats", type=int, default=3, help="backward calls per cell (the last one is read)")
+    ap.add_argument("--out", default=None, help="folder for timeline.json (the rows and the summaries)")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bwd_timeline: needs a CUDA GPU (the traced kernel runs)")
+    spec = spec_dict(args.head_dim, args.mask)
+    scratch = Path(tempfile.mkdtemp(prefix="fa4gen_timeline_"))
+    pkg, plan = traced_package(spec, args.grid, scratch)
+    kind = "one CTA per tile" if plan.scheduler != "persistent" else "persistent"
+    print(f"d{args.head_dim} {args.mask} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
+          f"µs per CTA / tile (median, mean, share of the mean row)")
+    print("| seqlen | rows | blocks / row | " + " | ".join(PHASES) + " | per block | SMs busy | span µs | GHz |")
+    print("|---" * (len(PHASES) + 7) + "|")
+    report = {"spec": spec, "kind": kind, "plan": {"tile_m": plan.tile_m, "tile_n": plan.tile_n}, "cells": {}}
+    for s in (int(x) for x in args.seqlens.split(",")):
+        rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats)
+        summ = summary(phases(rows), blocks)
+        report["cells"][s] = {"summary": summ, "rows": rows}
+        cells = " | ".join(f"{summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f} ({summ[n]['share']:.0%})"
+                           if n in summ else "-" for n in PHASES)
+        print(f"| {s} | {len(rows)} | {blocks:.1f} | {cells} | {summ['per_block_us']:.2f} | {summ['busy_share']:.1%} "
+              f"| {summ['span_us']:.0f} | {summ['clock_ghz']:.2f} |")
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else ''}"
+        (Path(args.out) / f"timeline_{tag}.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
