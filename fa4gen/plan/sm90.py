@@ -519,7 +519,8 @@ def plan_backward_mha(spec: AttentionSpec) -> KernelPlan | None:
 
 # The GQA backward with a group's q heads in one CTA (bwd_sm90_gqa) runs calls with at least this many CTAs (key blocks
 # x kv heads x batch): two waves of the H100 / H200's 132 SMs. Below, the fp32-workspace backward's CTA per q head
-# keeps the SMs busy (an MQA call at batch 1, s2k, d128: 16 CTAs with the head loop, 512 without). Not measured yet.
+# keeps the SMs busy (an MQA call at batch 1, s2k, d128: 16 CTAs with the head loop, 512 without). Session 66's A/B
+# (H100) read the head loop 1.01-1.21x the fp32-workspace kernel at 512-1,024 CTAs; the bound itself is not measured.
 GQA_HEAD_LOOP_MIN_CTAS = 2 * PERSISTENT_CTAS
 
 
@@ -717,7 +718,8 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
     # adds landing) instead of leaving the SM's tensor cores idle between CTAs. From session 44's main-kernel times
     # (d64 without a mask, H200) that per-CTA cost is ~3.9 us beside ~2.2 us per query block: 30% of an s512 CTA.
     # First built for the Sᵀ MHA kernels without a mask (every tile the same work, so tiles go round-robin), neither
-    # deterministic nor varlen, dQ through the hand-off with the claim (docs/STATUS.md "Where to start" item 2)
+    # deterministic nor varlen, dQ through the hand-off with the claim (session 66: +0.9% at s512-2k, +3.7-4.0% at s8k;
+    # docs/STATUS.md "Where to start" item 1)
     persistent = (swap and spec.mask.kind == "none" and not spec.varlen and not spec.deterministic
                   and not spec.allow_gqa and claim and allow_persistent)
     if persistent:
