@@ -7,3 +7,9 @@ if [ ! -f /tmp/site-extra/.done ] && [ -d .device/extra ]; then
     && touch /tmp/site-extra/.done
 fi
 export PYTHONPATH=/tmp/site-extra:$PYTHONPATH
+# fa4gen compiles with CuTe-DSL's TVM FFI (apache-tvm-ffi), which only .device/anchors carries: session 66 lost a
+# device call to leaving that folder out for the carry limit (every kernel then failed with CONFIG_MISSING_TVM_FFI)
+if ! python3 -c "import tvm_ffi" 2>/dev/null; then
+  echo "device_env: TVM FFI is not importable: carry .device with its anchors folder (../shared/device/pack.sh --anchors);" \
+       "it holds the apache-tvm-ffi wheel every fa4gen compile needs" >&2
+fi
