@@ -54,7 +54,7 @@ def test_specs_dir_has_the_model_specs():
 
 
 # the shipped specs that also generate the SM90 backward (issue #4), and the deterministic one among them
-BACKWARD_SPECS = {"llama3_8b", "llama32_1b", "gemma2_9b", "vit_encoder", "qwen2_7b_packed"}
+BACKWARD_SPECS = {"llama3_8b", "llama32_1b", "gemma2_9b", "vit_encoder", "qwen2_7b_packed", "flux_dit"}
 DETERMINISTIC_SPECS = {"vit_encoder"}
 
 
@@ -82,6 +82,8 @@ def test_shipped_spec_contents():
     assert load_spec(SPECS_DIR / "llama4_chunked.yaml").mask == ChunkedMask(chunk_size=8192)
     assert load_spec(SPECS_DIR / "llama3_8b.yaml").return_lse is True
     assert load_spec(SPECS_DIR / "vit_encoder.yaml").dtype == "fp16"
+    flux = load_spec(SPECS_DIR / "flux_dit.yaml")  # MHA without a mask: the persistent SM90 backward
+    assert (flux.head_dim, flux.mask.kind, flux.allow_gqa, flux.deterministic) == (128, "none", False, False)
 
 
 # --- defaults and resolution -----------------------------------------------------------------
