@@ -32,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from cta_cost import HIDDEN, TOKENS, work  # noqa: E402  (the grid cell: its shape, CTAs and query blocks)
 
 # the trace columns (templates/sm90/bwd.py.j2's T_* constants)
 T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS = range(8)
@@ -121,11 +124,13 @@ def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[lis
 
     from fa4gen.api.runtime import ForwardOp
 
-    b, h = 16384 // s, 2048 // d
+    b, h = TOKENS // s, HIDDEN // d
     op = pkg._forward
     bwd_fn = op.function(op.bwd_plans["sm90"])
     n_rows = -(-s // plan.tile_n) * h * b
-    trace = torch.full((n_rows, 8), -1, dtype=torch.int64, device="cuda")
+    from fa4gen.render import TRACE_EVENTS
+
+    trace = torch.full((n_rows, TRACE_EVENTS), -1, dtype=torch.int64, device="cuda")
     launch = ForwardOp._launch
 
     def traced_launch(fn, device, args):
@@ -146,18 +151,9 @@ def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[lis
     missing = sum(1 for r in rows if min(r) < 0)
     if missing:
         raise SystemExit(f"d{d} s{s}: {missing} of {len(rows)} trace rows not written")
-    m_tiles = -(-s // plan.tile_m)
-    if causal:  # query blocks per key block, bottom-right aligned causal (seqlen_q == seqlen_k)
-        from fa4gen.emulate.tiling import m_block_range
-
-        visits = 0
-        for n in range(-(-s // plan.tile_n)):
-            lo, hi = m_block_range(n, plan.tile_n, plan.tile_m, s, s, -1, -1, 0, causal=True, local=False,
-                                   chunked=False)
-            visits += hi - lo
-        blocks = visits / -(-s // plan.tile_n)
-    else:
-        blocks = m_tiles
+    # query blocks per CTA as tools/cta_cost.py counts them (the kernel's own causal range, mirrored)
+    ctas, visits = work(s, d, causal, plan.tile_m, plan.tile_n)
+    blocks = visits / ctas
     return rows, blocks
 
 

@@ -24,6 +24,8 @@ from fa4gen.plan import KernelPlan
 from fa4gen.spec import AttentionSpec, spec_digest
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+# columns of a traced kernel's trace tensor (templates/sm90/bwd.py.j2 T_*; tools/bwd_timeline.py reads them)
+TRACE_EVENTS = 8
 IDENTIFIER_FIELDS = ("name", "module", "class_name", "cutlass_dtype", "torch_dtype", "cute_arch", "arch")
 
 
@@ -115,7 +117,7 @@ def render_package(
     files: dict[str, str] = {}
     for plan in plans:
         template = env.get_template(f"{plan.arch}/{plan.direction}.py.j2")
-        files[f"{plan.module}.py"] = template.render(plan=plan, trace_events=8 if plan.module in trace else 0, **header)
+        files[f"{plan.module}.py"] = template.render(plan=plan, trace_events=TRACE_EVENTS if plan.module in trace else 0, **header)
     files["__init__.py"] = env.get_template("package/__init__.py.j2").render(
         spec=spec, plans=plans, unavailable=sorted(unavailable.items()), **header
     )
