@@ -30,6 +30,10 @@ SPECS = {
     "gb_fp16_d64_none_mha": dict(dtype="fp16", head_dim=64, allow_gqa=False),
     # the grid's d128 MHA backward without a mask: 80-row Sᵀ steps, persistent (as the d64 one above)
     "gb_bf16_d128_none_mha": dict(dtype="bf16", head_dim=128, allow_gqa=False),
+    # the other persistent stagings of dK / dV in the dS buffers (plan.dkv_staging, session 67): d96 in two phases over
+    # 16 KB stages, d128 with softcap (64-row steps) in two phases that fill both stages exactly
+    "gb_bf16_d96_none_mha": dict(dtype="bf16", head_dim=96, allow_gqa=False),
+    "gb_bf16_d128_softcap_none_mha": dict(dtype="bf16", head_dim=128, softcap=20.0, allow_gqa=False),
     "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                              mask={"kind": "chunked", "chunk_size": 96}),
@@ -315,7 +319,7 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
 
 
 # the persistent backwards (plan scheduler "persistent": MHA without a mask, Sᵀ, neither deterministic nor varlen)
-PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha"]
+PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha", "gb_bf16_d96_none_mha"]
 
 
 @pytest.mark.parametrize("name", PERSISTENT_SPECS)

@@ -652,9 +652,11 @@ def test_sm90_backward_model_refuses_what_it_does_not_model():
 
 
 def test_persistent_backward_kv_released_before_the_dkv_stores_read_it_is_caught():
-    """Consumers releasing K / V before warpgroup 0's stores of dK / dV have read those buffers: the next tile's
-    K / V load overwrites them under the stores."""
-    plan = _persistent(BWD_PLANS[2])
+    """Where the dS buffers cannot stage dK / dV (d128 with one dS stage: plan.dkv_staging.phases 0), the epilogue
+    goes through K's and V's buffers: consumers releasing K / V before warpgroup 0's stores have read those buffers
+    let the next tile's K / V load overwrite them under the stores."""
+    plan = _persistent(BWD_PLANS[2], pds_stages=1)
+    assert plan.dkv_staging.phases == 0
 
     def early(role, op):
         return None if op.kind == "store_wait_le" and role == "consumer0" else op
@@ -663,19 +665,73 @@ def test_persistent_backward_kv_released_before_the_dkv_stores_read_it_is_caught
     assert errors and all("while a TMA store still reads it" in e for e in errors)
 
 
+def test_persistent_backward_stages_dkv_in_the_ds_buffers():
+    """The planned persistent backwards stage dK / dV in the dS buffers (session 67): d64 in one phase in dS stage 1
+    (the next tile's first block writes stage 0 only), d96 / d128 in two phases from stage 0."""
+    staging = {(p.head_dim, int(p.softcap)): p.dkv_staging for p in BWD_PLANS if p.scheduler == "persistent"}
+    assert {k: (v.phases, v.stage0) for k, v in staging.items()} == {
+        (64, 0): (1, 1), (96, 0): (2, 0), (128, 0): (2, 0), (128, 20): (2, 0)}
+    # the staged bytes fit the dS buffers from their first stage on; the stores' swizzle needs 1024-byte offsets
+    for (d, sc), st in staging.items():
+        plan = next(p for p in BWD_PLANS if (p.head_dim, int(p.softcap)) == (d, sc) and p.scheduler == "persistent")
+        assert st.stage_bytes == plan.tile_n * plan.tile_m * 2 and st.stage_bytes % 1024 == 0
+        phase_bytes = st.dk_bytes + st.dv_bytes if st.phases == 1 else max(st.dk_bytes, st.dv_bytes)
+        assert st.stage0 * st.stage_bytes + phase_bytes <= plan.pds_stages * st.stage_bytes
+    # not staged: one CTA per tile, GQA accumulators
+    assert all(p.dkv_staging.phases == 0 for p in BWD_PLANS if p.scheduler != "persistent")
+    assert _persistent(_bwd(128, allow_gqa=True)).dkv_staging.phases == 0
+
+
+@pytest.mark.parametrize("d", [96, 128])
+def test_persistent_backward_staged_store_read_must_be_waited_for(d):
+    """Staged in the dS buffers in two phases, warpgroup 0's first warp not waiting for its stores' reads lets dV's
+    writes or the next tile's dS writes land under the stores. (d64's one phase in dS stage 1 is next written a whole
+    query block later, which the model's stores, retiring at random steps, almost never outlast.)"""
+    plan = next(p for p in BWD_PLANS if p.head_dim == d and p.scheduler == "persistent" and not p.softcap)
+    assert plan.dkv_staging.phases
+    errors = _bwd_fails(plan, lambda role, op: None if op.kind == "store_wait_le" and role == "consumer0" else op,
+                        seeds=range(200))
+    assert errors and all(re.search(r"writes sdS\[\d\]\.\d while a TMA store still reads it", e) for e in errors), errors[:3]
+
+
+def test_persistent_backward_staged_epilogue_needs_its_last_barrier():
+    """Two phases from dS stage 0 (d128): without the epilogue's last barrier the next tile's first dS writes can land
+    before warpgroup 0's first warp has waited for the last store's read."""
+    plan = next(p for p in BWD_PLANS if p.head_dim == 128 and p.scheduler == "persistent" and not p.softcap)
+    assert (plan.dkv_staging.phases, plan.dkv_staging.stage0) == (2, 0)
+    seen = {}
+
+    def no_last_barrier(role, op):  # five epilogue barriers a tile: first, phase 0 written, phase 1, its write, last
+        if op.kind == "bar_sync" and op.stage == protocol.SM90_BWD_EPILOGUE_BARRIER:
+            seen[role] = seen.get(role, 0) + 1
+            if seen[role] % 5 == 0:
+                return None
+        return op
+
+    errors = []
+    for seed in range(200):
+        seen.clear()
+        errors += _bwd_fails(plan, no_last_barrier, seeds=[seed])
+    assert errors and all(re.search(r"writes sdS\[\d\]\.\d while a TMA store still reads it|reads sdS", e)
+                          for e in errors), errors[:3]
+
+
 def test_persistent_backward_kv_never_released_deadlocks():
     plan = _persistent(BWD_PLANS[0])
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "release" and op.pipe == "kv" else op, seeds=range(3))
     assert len(errors) == 3 and all("deadlock" in e for e in errors)
 
 
-def test_sm90_backward_missing_epilogue_barriers_are_caught():
-    """Without the epilogue's barriers one warpgroup writes dK over K while the other still reads K for its last
-    query block, or stores a buffer the other has not written yet and then writes it under the store."""
-    plan = BWD_PLANS[2]
+@pytest.mark.parametrize("which", [2, 4], ids=["d128-persistent-staged", "d128-causal-grid"])
+def test_sm90_backward_missing_epilogue_barriers_are_caught(which):
+    """Without the epilogue's barriers one warpgroup writes dK over K (one CTA per tile) or over dS (persistent,
+    staged in the dS buffers) while the other still reads it for its last query block, or stores a buffer the
+    other has not written yet and then writes it under the store."""
+    plan = BWD_PLANS[which]
+    buf = "sdS\\[\\d\\]\\.\\d" if plan.dkv_staging.phases else "s[KV]"
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "bar_sync" and op.stage == 1 else op, tiles=(4,),
                         seeds=range(100))
-    assert errors and all(re.search(r"reads s[KV] expecting|writes s[KV] while a TMA store still reads it", e)
+    assert errors and all(re.search(rf"reads {buf} expecting|writes {buf} while a TMA store still reads it", e)
                           for e in errors), errors[:3]
 
 

@@ -159,6 +159,11 @@ class KernelPlan:
         global memory per block); see `bwd_stats_in_smem`."""
         return bwd_stats_in_smem(self.head_dim, self.head_dim_v, self.swap_sdp)
 
+    @property
+    def dkv_staging(self) -> "DkvStaging":
+        """Persistent SM90 backward: where a tile's dK / dV wait for their TMA stores; see `dkv_staging`."""
+        return dkv_staging(self)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -191,6 +196,53 @@ def bwd_stats_in_smem(head_dim: int, head_dim_v: int, swap_sdp: bool) -> bool:
     registers are at the edge: there ptxas spilled in 12 of 16 variants with the statistics in shared memory
     (among them the plain MHA ones, clean before) against 8 with the global loads (CPU sweep, session 42)."""
     return swap_sdp or max(head_dim, head_dim_v) > 64
+
+
+@dataclass(frozen=True)
+class DkvStaging:
+    """Where the SM90 backward's dK / dV wait in shared memory for their TMA stores.
+
+    phases 0: in K's and V's buffers (the one-CTA-per-tile kernels, and a persistent kernel whose dS buffers are too
+    small), which a persistent CTA hands back to the producer only after the stores have read them. phases 1 / 2: in
+    the dS buffers, dK and dV together (1) or dK, then dV once dK's store has read the buffer (2), starting at dS
+    stage `stage0`; K's and V's buffers go back to the producer right after the tile's last GEMMs, so the next tile's
+    K / V load while the epilogue runs. stage0 1 (one phase in the stages after the first): the next tile's first
+    query block writes dS stage 0 only, and its P / dS barrier, which the storing warp reaches after waiting for its
+    stores' reads, comes before any later write to those stages, so the epilogue ends without a barrier."""
+
+    phases: int = 0
+    stage0: int = 0
+    stage_bytes: int = 0  # one dS stage
+    dk_bytes: int = 0
+    dv_bytes: int = 0
+
+    def stages_of(self, first: int, nbytes: int) -> range:
+        """The dS stages that `nbytes` written from byte `first` of stage `stage0` overlap."""
+        start = self.stage0 * self.stage_bytes + first
+        return range(start // self.stage_bytes, (start + nbytes - 1) // self.stage_bytes + 1)
+
+
+def dkv_staging(plan) -> DkvStaging:
+    """The persistent SM90 backward's dK / dV staging (`DkvStaging`). Session 67's traced timeline (docs/PERF.md):
+    per tile the K / V wait (1.3-2.4 us) and the epilogue (1.4-2.5 us) ran one after the other, ~25% of a d64 / d128
+    s512 tile, because the epilogue staged dK / dV in K's and V's buffers; stored from registers instead (session 66's
+    docs/patches 0001) the epilogue took 3.7 / 9.0 us. The dS buffers are free at a tile's end (the Sᵀ kernels keep
+    no P there): dK and dV go through them, one at a time where both do not fit."""
+    if plan.scheduler != "persistent" or plan.dkv_accum or not plan.swap_sdp or plan.dtype not in ("bf16", "fp16"):
+        return DkvStaging()
+    elem = 2
+    stage = plan.tile_n * plan.tile_m * elem  # dSᵀ: keys x query rows
+    dk, dv = plan.tile_n * plan.head_dim * elem, plan.tile_n * plan.head_dim_v * elem
+    total = stage * plan.pds_stages
+    if stage % 1024 or dk % 1024:  # the stores' 128-byte swizzle repeats every 1024 bytes
+        return DkvStaging()
+    if dk + dv <= total - stage:
+        return DkvStaging(1, 1, stage, dk, dv)
+    if dk + dv <= total:
+        return DkvStaging(1, 0, stage, dk, dv)
+    if max(dk, dv) <= total:
+        return DkvStaging(2, 0, stage, dk, dv)
+    return DkvStaging()
 
 
 def problem(location: str, message: str) -> Problem:

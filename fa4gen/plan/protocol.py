@@ -1025,9 +1025,11 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
     """One SM90 backward CTA over its (key block) tiles, each `tiles[t]` query blocks; mirrors
     templates/sm90/bwd.py.j2 (the load role, the dQ role, swapped_block, dq_handoff, dkv_epilogue). One CTA per
     tile: K and V load first and are never released. Persistent (`plan.scheduler`, docs/patches 0002): the
-    pipeline states run on across tiles, the producer loads a tile's first Q and dO before its K and V, the
-    consumers release K / V after the tile's epilogue, whose dK / dV go out through K's and V's buffers (TMA
-    stores by warpgroup 0's first warp, their reads waited for before that release)."""
+    pipeline states run on across tiles, the producer loads a tile's first Q and dO before its K and V, and the
+    consumers release K / V as soon as the tile's last GEMMs are done, its dK / dV going out through the dS
+    buffers (`plan.dkv_staging`: TMA stores by warpgroup 0's first warp, in one or two phases), or, where those
+    are too small, after the tile's epilogue through K's and V's buffers (their reads waited for before that
+    release)."""
     sm90_bwd_modelled(plan)
     tiles = [tiles] if isinstance(tiles, int) else list(tiles)
     persistent = plan.scheduler == "persistent"
@@ -1036,6 +1038,12 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
     P = {p.name: p for p in sm90_bwd_pipelines(plan)}
     BUFS, PDS = plan.dq_buffers, plan.pds_stages
     EMPTY, FULL, HAND = SM90_BWD_DQ_EMPTY_BARRIER, SM90_BWD_DQ_FULL_BARRIER, SM90_BWD_DQ_HANDOFF
+    # persistent with plan.dkv_staging: the epilogue's phases ((name, bytes) each) and the dS stages each one writes
+    staging = plan.dkv_staging
+    staged_parts = ([[("dK", staging.dk_bytes), ("dV", staging.dv_bytes)]] if staging.phases == 1
+                    else [[("dK", staging.dk_bytes)], [("dV", staging.dv_bytes)]])
+    staged_stages = [sorted({s for first, (_, n) in zip((0, part[0][1]), part) for s in staging.stages_of(first, n)})
+                     for part in staged_parts] if staging.phases else []
 
     def producer():
         kv, q, do = (PhaseTracker(P[x], "producer") for x in ("kv", "q", "do"))
@@ -1101,6 +1109,26 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 yield bar_arrive(FULL + c, HAND, 128)
                 yield release("q", qs, 4)
                 yield release("do", ds, 4)
+            if persistent and staging.phases:
+                # K / V back to the producer once the tile's last GEMMs are done (each block ends waiting for them);
+                # staged_dkv_epilogue: dK / dV through the dS buffers, stored by warpgroup 0's first warp
+                if m:
+                    yield release("kv", kvs[0], 4)
+                yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+                for p, part in enumerate(staged_parts):
+                    if p:
+                        yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+                    # a stage's two warpgroup halves are not contiguous bytes: a write anywhere in a stage takes both
+                    held = {f"sdS[{s}].{h}": ("/".join(n for n, _ in part), t) for s in staged_stages[p] for h in (0, 1)}
+                    yield write(*held.items())
+                    yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+                    if c == 0:
+                        for res, token in held.items():
+                            yield tma_store(res, token)
+                        yield store_wait_le(0)
+                if staging.stage0 == 0:
+                    yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+                continue
             # dkv_epilogue: dK / dV over K's and V's buffers, stored by warpgroup 0's first warp
             yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
             yield write(("sK", ("dK", t)), ("sV", ("dV", t)))

@@ -535,9 +535,13 @@ class FlashBwdSm90:
                     q_state.advance()
                     do_state.advance()
 
+                # the tile's last GEMMs have been waited for (each block ends with wait_group(0)): K's and V's buffers
+                # go back to the producer now, so the next tile's K / V load while dK / dV go out through the dS
+                # buffers (plan.dkv_staging)
+                if m_max > m_min:
+                    pipe_kv.consumer_release(kv_c)
                 # Epilogue: dK (scaled) and dV of this key block
                 cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                # dK, dV -> smem (reusing the K and V buffers) -> TMA store
                 acc_dK.store(acc_dK.load() * grad_scale)
                 rdK = cute.make_rmem_tensor(acc_dK.layout, DTYPE)
                 rdK.store(acc_dK.load().to(DTYPE))
@@ -547,31 +551,40 @@ class FlashBwdSm90:
                 # min(the tile's index, 0), which is 0. Hoisted, they were held across every tile's query blocks and
                 # spilled (fp16 d128: 5 addresses, CPU SASS)
                 tidx_e = tidx_c + cutlass.min(s_tile[0], Int32(0))
-                for mma, r, s in ((tiled_mma_dk, rdK, sK), (tiled_mma_dv, rdV, sV)):
-                    copy_r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), mma)
-                    thr_r2s = copy_r2s.get_slice(tidx_e)
-                    cute.copy(copy_r2s, thr_r2s.retile(r), thr_r2s.partition_D(s)[None, None, None, 0])
-                cute.arch.fence_proxy("async.shared", space="cta")
+                # dK at the staging's start; dV after it (one phase) or in its place (two)
+                stage_ptr = storage.sdS.data_ptr() + 0
+                sdK_st = cute.make_tensor(cute.recast_ptr(stage_ptr, sK_layout.inner, dtype=DTYPE), sK_layout.outer)
+                sdV_st = cute.make_tensor(
+                    cute.recast_ptr(stage_ptr + 0, sV_layout.inner, dtype=DTYPE),
+                    sV_layout.outer,
+                )
+                outs = ((tiled_mma_dk, rdK, sdK_st, tma_dk, mdK, HEAD_DIM), (tiled_mma_dv, rdV, sdV_st, tma_dv, mdV, HEAD_DIM_V))
+                for phase in cutlass.range_constexpr(2):
+                    part = outs[phase : phase + 1]
+                    if cutlass.const_expr(phase > 0):
+                        # warp 4 past dK's store's read of the buffer (phase 0: the epilogue's first barrier, above)
+                        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+                    for mma, r, s, _, _, _ in part:
+                        copy_r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), mma)
+                        thr_r2s = copy_r2s.get_slice(tidx_e)
+                        cute.copy(copy_r2s, thr_r2s.retile(r), thr_r2s.partition_D(s)[None, None, None, 0])
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+                    if warp_idx == 4:
+                        tile = s_tile[0]
+                        n_block = cute.arch.make_warp_uniform(tile % num_n)
+                        head = cute.arch.make_warp_uniform(tile // num_n % mQ.shape[2])
+                        batch = cute.arch.make_warp_uniform(tile // num_n // mQ.shape[2])
+                        for _, _, s, tma, m_out, width in part:
+                            g_out = cute.local_tile(m_out[None, None, head, batch], (TILE_N, width), (n_block, 0))
+                            ts, tg = hopper.tma_split(tma, s, g_out)
+                            cute.copy(tma, ts[None, 0], tg)
+                        cute.arch.cp_async_bulk_commit_group()
+                        cute.arch.cp_async_bulk_wait_group(0, read=True)
+                # the last store has read the dS buffers before the next tile writes them
                 cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                if warp_idx == 4:
-                    tile = s_tile[0]
-                    n_block = cute.arch.make_warp_uniform(tile % num_n)
-                    head = cute.arch.make_warp_uniform(tile // num_n % mQ.shape[2])
-                    batch = cute.arch.make_warp_uniform(tile // num_n // mQ.shape[2])
 
-                    mdK_s, mdV_s = mdK[None, None, head, batch], mdV[None, None, head, batch]
-                    gdK = cute.local_tile(mdK_s, (TILE_N, HEAD_DIM), (n_block, 0))
-                    gdV = cute.local_tile(mdV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
-                    tdKsdK, tdKgdK = hopper.tma_split(tma_dk, sK, gdK)
-                    tdVsdV, tdVgdV = hopper.tma_split(tma_dv, sV, gdV)
-                    cute.copy(tma_dk, tdKsdK[None, 0], tdKgdK)
-                    cute.copy(tma_dv, tdVsdV[None, 0], tdVgdV)
-                    cute.arch.cp_async_bulk_commit_group()
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
-                # every warp is past its share of the epilogue (warp 4 past the stores' reads of K's and V's buffers)
-                if m_max > m_min:
-                    pipe_kv.consumer_release(kv_c)
                 acc_dK.fill(0.0)
                 acc_dV.fill(0.0)
 
