@@ -122,9 +122,9 @@ def test_dq_chunk_round_trip(head_dim, tile_m):
 
 @pytest.mark.parametrize("head_dim, tile_m", PLANNED)
 def test_plan_sizes_the_dq_buffers_as_the_kernel_splits_dq(head_dim, tile_m):
-    """The plan's shared-memory budget (`_dq_cols`) and the kernel's chunk width (`sm90.dq_split`) are
+    """The plan's shared-memory budget (`bwd_dq_cols`) and the kernel's chunk width (`sm90.dq_split`) are
     two spellings of one rule (the plan cannot import the device module); they must agree."""
-    from fa4gen.plan.sm90 import _dq_cols
+    from fa4gen.plan.model import bwd_dq_cols
 
-    assert sm90.dq_split(head_dim, tile_m)[1] == _dq_cols(head_dim, tile_m)
+    assert sm90.dq_split(head_dim, tile_m)[1] == bwd_dq_cols(head_dim, tile_m)
 

@@ -31,6 +31,7 @@ import pytest
 from fa4gen.builder import render_spec
 from fa4gen.plan import plan_kernels, protocol
 from fa4gen.plan.protocol import ProtocolError
+from fa4gen.device import sm90
 from fa4gen.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -666,17 +667,24 @@ def test_persistent_backward_kv_released_before_the_dkv_stores_read_it_is_caught
 
 
 def test_persistent_backward_stages_dkv_in_the_ds_buffers():
-    """The planned persistent backwards stage dK / dV in the dS buffers (session 67): d64 in one phase in dS stage 1
-    (the next tile's first block writes stage 0 only), d96 / d128 in two phases from stage 0."""
+    """The planned persistent backwards stage dK / dV in the dS buffers (session 67): d64 both at once in dS stage 1
+    (the next tile's first block writes stage 0 only); d96 / d128 dK in the dS buffers and dV in the dQ buffers.
+    With one dQ buffer, d128 falls back to two phases (dK, then dV) in the dS buffers."""
     staging = {(p.head_dim, int(p.softcap)): p.dkv_staging for p in BWD_PLANS if p.scheduler == "persistent"}
-    assert {k: (v.phases, v.stage0) for k, v in staging.items()} == {
-        (64, 0): (1, 1), (96, 0): (2, 0), (128, 0): (2, 0), (128, 20): (2, 0)}
-    # the staged bytes fit the dS buffers from their first stage on; the stores' swizzle needs 1024-byte offsets
+    assert {k: (v.phases, v.stage0, v.dv_in_dq) for k, v in staging.items()} == {
+        (64, 0): (1, 1, False), (96, 0): (1, 0, True), (128, 0): (1, 0, True), (128, 20): (1, 0, True)}
+    # the staged bytes fit the dS (and dQ) buffers from their first stage on; the stores' swizzle needs 1024-byte
+    # offsets; the dQ buffers' size is the kernel's (sm90.dq_split)
     for (d, sc), st in staging.items():
         plan = next(p for p in BWD_PLANS if (p.head_dim, int(p.softcap)) == (d, sc) and p.scheduler == "persistent")
         assert st.stage_bytes == plan.tile_n * plan.tile_m * 2 and st.stage_bytes % 1024 == 0
-        phase_bytes = st.dk_bytes + st.dv_bytes if st.phases == 1 else max(st.dk_bytes, st.dv_bytes)
-        assert st.stage0 * st.stage_bytes + phase_bytes <= plan.pds_stages * st.stage_bytes
+        in_ds = st.dk_bytes if st.dv_in_dq else st.dk_bytes + st.dv_bytes if st.phases == 1 else max(st.dk_bytes, st.dv_bytes)
+        assert st.stage0 * st.stage_bytes + in_ds <= plan.pds_stages * st.stage_bytes
+        if st.dv_in_dq:
+            assert st.dq_buffer_bytes == 64 * sm90.dq_split(plan.head_dim, plan.tile_m)[1] * 4
+            assert st.dv_bytes <= plan.dq_buffers * st.dq_buffer_bytes
+    d128 = next(p for p in BWD_PLANS if (p.head_dim, p.softcap) == (128, 0.0) and p.scheduler == "persistent")
+    assert (dataclasses.replace(d128, dq_buffers=1).dkv_staging.phases, dataclasses.replace(d128, dq_buffers=1).dkv_staging.dv_in_dq) == (2, False)
     # not staged: one CTA per tile, GQA accumulators
     assert all(p.dkv_staging.phases == 0 for p in BWD_PLANS if p.scheduler != "persistent")
     assert _persistent(_bwd(128, allow_gqa=True)).dkv_staging.phases == 0
@@ -691,20 +699,26 @@ def test_persistent_backward_staged_store_read_must_be_waited_for(d):
     assert plan.dkv_staging.phases
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "store_wait_le" and role == "consumer0" else op,
                         seeds=range(200))
-    assert errors and all(re.search(r"writes sdS\[\d\]\.\d while a TMA store still reads it", e) for e in errors), errors[:3]
+    assert errors and all(re.search(r"writes sd(S\[\d\]\.\d|Q\[\d\]) while a TMA store still reads it", e)
+                          for e in errors), errors[:3]
 
 
-def test_persistent_backward_staged_epilogue_needs_its_last_barrier():
-    """Two phases from dS stage 0 (d128): without the epilogue's last barrier the next tile's first dS writes can land
-    before warpgroup 0's first warp has waited for the last store's read."""
+@pytest.mark.parametrize("dq_buffers", [2, 1])
+def test_persistent_backward_staged_epilogue_needs_its_last_barrier(dq_buffers):
+    """Staged from dS stage 0 (d128: dK there, dV in the dQ buffers; and, with one dQ buffer, two phases in the dS
+    buffers): without the epilogue's last barrier the next tile's first dS or dQ writes can land before warpgroup
+    0's first warp has waited for the last store's read."""
     plan = next(p for p in BWD_PLANS if p.head_dim == 128 and p.scheduler == "persistent" and not p.softcap)
-    assert (plan.dkv_staging.phases, plan.dkv_staging.stage0) == (2, 0)
+    plan = plan if dq_buffers == 2 else dataclasses.replace(plan, dq_buffers=dq_buffers)
+    assert plan.dkv_staging.stage0 == 0 and plan.dkv_staging.phases == 3 - dq_buffers
     seen = {}
 
-    def no_last_barrier(role, op):  # five epilogue barriers a tile: first, phase 0 written, phase 1, its write, last
+    per_tile = 2 * plan.dkv_staging.phases + 1
+
+    def no_last_barrier(role, op):  # epilogue barriers a tile: first, one per phase written, one between, last
         if op.kind == "bar_sync" and op.stage == protocol.SM90_BWD_EPILOGUE_BARRIER:
             seen[role] = seen.get(role, 0) + 1
-            if seen[role] % 5 == 0:
+            if seen[role] % per_tile == 0:
                 return None
         return op
 
@@ -712,8 +726,23 @@ def test_persistent_backward_staged_epilogue_needs_its_last_barrier():
     for seed in range(200):
         seen.clear()
         errors += _bwd_fails(plan, no_last_barrier, seeds=[seed])
-    assert errors and all(re.search(r"writes sdS\[\d\]\.\d while a TMA store still reads it|reads sdS", e)
+    assert errors and all(re.search(r"writes sd(S\[\d\]\.\d|Q\[\d\]) while a TMA store still reads it|reads sd[SQ]", e)
                           for e in errors), errors[:3]
+
+
+def test_persistent_backward_dv_in_dq_waits_for_the_dq_warp():
+    """dV staged in the dQ buffers (d128): without the dQ warp's per-tile arrival the consumers never pass the
+    drained barrier (deadlock); without the consumers' wait on it, dV lands under the dQ warp's last reduce."""
+    plan = next(p for p in BWD_PLANS if p.head_dim == 128 and p.scheduler == "persistent" and not p.softcap)
+    assert plan.dkv_staging.dv_in_dq
+    drained = protocol.SM90_BWD_DQ_DRAINED_BARRIER
+    errors = _bwd_fails(plan, lambda role, op: None if role == "dq" and op.stage == drained else op, seeds=range(3))
+    assert len(errors) == 3 and all("deadlock" in e for e in errors)
+    errors = _bwd_fails(plan, lambda role, op: op if role == "dq" or op.kind != "bar_sync" or op.stage != drained
+                        else None, seeds=range(300))
+    assert errors and all(re.search(r"writes sdQ\[\d\] while a TMA store still reads it|reads sdQ\[\d\] expecting|deadlock|arrivals", e)
+                          for e in errors), errors[:3]
+    assert any("writes sdQ" in e for e in errors)
 
 
 def test_persistent_backward_kv_never_released_deadlocks():
@@ -724,11 +753,11 @@ def test_persistent_backward_kv_never_released_deadlocks():
 
 @pytest.mark.parametrize("which", [2, 4], ids=["d128-persistent-staged", "d128-causal-grid"])
 def test_sm90_backward_missing_epilogue_barriers_are_caught(which):
-    """Without the epilogue's barriers one warpgroup writes dK over K (one CTA per tile) or over dS (persistent,
-    staged in the dS buffers) while the other still reads it for its last query block, or stores a buffer the
+    """Without the epilogue's barriers one warpgroup writes dK over K (one CTA per tile) or over dS / dQ (persistent,
+    staged in the dS / dQ buffers) while the other still reads it for its last query block, or stores a buffer the
     other has not written yet and then writes it under the store."""
     plan = BWD_PLANS[which]
-    buf = "sdS\\[\\d\\]\\.\\d" if plan.dkv_staging.phases else "s[KV]"
+    buf = "sd(S\\[\\d\\]\\.\\d|Q\\[\\d\\])" if plan.dkv_staging.phases else "s[KV]"
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "bar_sync" and op.stage == 1 else op, tiles=(4,),
                         seeds=range(100))
     assert errors and all(re.search(rf"reads {buf} expecting|writes {buf} while a TMA store still reads it", e)

@@ -215,6 +215,10 @@ class DkvStaging:
     stage_bytes: int = 0  # one dS stage
     dk_bytes: int = 0
     dv_bytes: int = 0
+    # one phase with dK in the dS buffers and dV in the dQ buffers (where dK and dV do not fit the dS buffers
+    # together): the consumers wait for the dQ warp to have read its last dQ tiles out (a named barrier per tile)
+    dv_in_dq: bool = False
+    dq_buffer_bytes: int = 0  # one dQ buffer (fp32, 64 rows)
 
     def stages_of(self, first: int, nbytes: int) -> range:
         """The dS stages that `nbytes` written from byte `first` of stage `stage0` overlap."""
@@ -227,7 +231,9 @@ def dkv_staging(plan) -> DkvStaging:
     per tile the K / V wait (1.3-2.4 us) and the epilogue (1.4-2.5 us) ran one after the other, ~25% of a d64 / d128
     s512 tile, because the epilogue staged dK / dV in K's and V's buffers; stored from registers instead (session 66's
     docs/patches 0001) the epilogue took 3.7 / 9.0 us. The dS buffers are free at a tile's end (the Sᵀ kernels keep
-    no P there): dK and dV go through them, one at a time where both do not fit."""
+    no P there): dK and dV go through them, dV through the dQ buffers (free once the dQ warp has read the tile's
+    last dQ tiles out) where both do not fit, or one at a time where that does not fit either. The one-at-a-time
+    form measured as no gain at d128 (session 67: the epilogue 2.5 -> 3.7 us, hiding the 2.4 us K / V wait)."""
     if plan.scheduler != "persistent" or plan.dkv_accum or not plan.swap_sdp or plan.dtype not in ("bf16", "fp16"):
         return DkvStaging()
     elem = 2
@@ -240,9 +246,19 @@ def dkv_staging(plan) -> DkvStaging:
         return DkvStaging(1, 1, stage, dk, dv)
     if dk + dv <= total:
         return DkvStaging(1, 0, stage, dk, dv)
+    dq_buffer = 64 * bwd_dq_cols(plan.head_dim, plan.tile_m) * 4
+    if plan.dq_buffers and dk <= total and dv <= plan.dq_buffers * dq_buffer and not plan.dq_atomic:
+        return DkvStaging(1, 0, stage, dk, dv, dv_in_dq=True, dq_buffer_bytes=dq_buffer)
     if max(dk, dv) <= total:
         return DkvStaging(2, 0, stage, dk, dv)
     return DkvStaging()
+
+
+def bwd_dq_cols(d: int, tile_m: int) -> int:
+    """Columns of one warpgroup's (64-row) dQ chunk in the SM90 backward: all of dQ's when the warpgroups split it
+    by rows (tile_m 128), tile_m when they compute dQᵀ (64 head-dim rows each; tile_m not a multiple of 64), else
+    half of them (fa4gen.device.sm90.dq_split, which the kernels use, agrees: tests/test_plan_*)."""
+    return d if tile_m == 128 else tile_m if tile_m % 64 else d // 2
 
 
 def problem(location: str, message: str) -> Problem:

@@ -982,6 +982,7 @@ SM90_BWD_PDS_BARRIER = 2
 SM90_BWD_DQ_FULL_BARRIER = 3  # + w
 SM90_BWD_DQ_EMPTY_BARRIER = 5  # + w
 SM90_BWD_DQ_HANDOFF = 128 + 32  # a consumer warpgroup and the dQ warp
+SM90_BWD_DQ_DRAINED_BARRIER = 7  # plan.dkv_staging.dv_in_dq: the dQ warp -> the consumers, a tile's dQ tiles read out
 
 
 def sm90_bwd_modelled(plan) -> None:
@@ -1018,6 +1019,9 @@ def sm90_bwd_named_barriers(plan):
                                  f"warpgroup {w} -> dQ warp: its dQ tile is in smem"),
                 NamedBarrierSpec(f"dq_empty{w}", SM90_BWD_DQ_EMPTY_BARRIER + w, SM90_BWD_DQ_HANDOFF,
                                  f"dQ warp -> warpgroup {w}: its buffer was read out")]
+    if plan.dkv_staging.dv_in_dq:
+        out.append(NamedBarrierSpec("dq_drained", SM90_BWD_DQ_DRAINED_BARRIER, 256 + 32,
+                                    "dQ warp -> consumers: the tile's last dQ tiles were read out (dV staged there)"))
     return tuple(out)
 
 
@@ -1044,6 +1048,8 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                     else [[("dK", staging.dk_bytes)], [("dV", staging.dv_bytes)]])
     staged_stages = [sorted({s for first, (_, n) in zip((0, part[0][1]), part) for s in staging.stages_of(first, n)})
                      for part in staged_parts] if staging.phases else []
+    if staging.dv_in_dq:  # one phase: only dK in the dS buffers
+        staged_stages = [sorted(staging.stages_of(0, staging.dk_bytes))]
 
     def producer():
         kv, q, do = (PhaseTracker(P[x], "producer") for x in ("kv", "q", "do"))
@@ -1081,6 +1087,8 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                     yield bar_sync(FULL + w, HAND, 32)
                     yield tma_store(f"sdQ[{w % BUFS}]", ("dQ", t, i, w))  # the bulk reduce-add reads the buffer
             yield store_wait_le(0)  # (the tile's last adds landed: its claim released)
+            if persistent and staging.dv_in_dq:  # the consumers stage the tile's dV in the dQ buffers
+                yield bar_arrive(SM90_BWD_DQ_DRAINED_BARRIER, 256 + 32, 32)
 
     def consumer(c):
         kv, q, do = (PhaseTracker(P[x], "consumer") for x in ("kv", "q", "do"))
@@ -1115,11 +1123,17 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 if m:
                     yield release("kv", kvs[0], 4)
                 yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
+                if staging.dv_in_dq:
+                    yield bar_sync(SM90_BWD_DQ_DRAINED_BARRIER, 256 + 32, 128)
                 for p, part in enumerate(staged_parts):
                     if p:
                         yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
                     # a stage's two warpgroup halves are not contiguous bytes: a write anywhere in a stage takes both
-                    held = {f"sdS[{s}].{h}": ("/".join(n for n, _ in part), t) for s in staged_stages[p] for h in (0, 1)}
+                    held = {f"sdS[{s}].{h}": ("/".join(n for n, _ in part if n == "dK" or not staging.dv_in_dq), t)
+                            for s in staged_stages[p] for h in (0, 1)}
+                    if staging.dv_in_dq:  # dV from the dQ buffers' start
+                        held.update({f"sdQ[{b}]": ("dV", t)
+                                     for b in range(-(-staging.dv_bytes // staging.dq_buffer_bytes))})
                     yield write(*held.items())
                     yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
                     if c == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fa4gen.plan.model import Budget, KernelPlan, PlanError, bwd_stats_in_smem, problem
+from fa4gen.plan.model import Budget, KernelPlan, PlanError, bwd_dq_cols, bwd_stats_in_smem, problem
 from fa4gen.plan.common import check_threshold, identity_fields, poly_choice, semantic_fields
 from fa4gen.spec import AttentionSpec
 
@@ -465,17 +465,10 @@ def _bwd_smem(spec: AttentionSpec, tile_m: int, tile_n: int, swap: bool, q_stage
         + do_stages * tile_m * dv * elem  # dO
         + tile_n * (d + dv) * elem  # K, V (reused for dK, dV in the epilogue)
         + pds_stages * pds_buffers * tile_m * tile_n * elem  # (P,) dS
-        + dq_buffers * 64 * _dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
+        + dq_buffers * 64 * bwd_dq_cols(d, tile_m) * 4  # warpgroup dQ chunks in fp32, bulk-reduced
         + (2 * q_stages * tile_m * 4 if bwd_stats_in_smem(d, dv, swap) else 0)  # LSE2/D per Q stage (bulk-copied with Q)
         + (2 * q_stages + 2 * do_stages + 2) * 8  # mbarriers
     )
-
-
-def _dq_cols(d: int, tile_m: int) -> int:
-    """Columns of one warpgroup's (64-row) dQ chunk: all of dQ's when the warpgroups split it by rows
-    (tile_m 128), tile_m when they compute dQᵀ (64 head-dim rows each; tile_m not a multiple of 64),
-    else half of them."""
-    return d if tile_m == 128 else tile_m if tile_m % 64 else d // 2
 
 
 # deterministic / non-deterministic backward throughput on the H200 grid (MHA, bf16, 16k tokens per cell,
@@ -625,7 +618,7 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
         order, fallback = tuple(dict.fromkeys(s[:3] + (0,) for s in BWD_STAGE_ORDER)), (2, 1, 1, 0)
 
     def staging(s) -> int:  # bytes the GQA epilogue can stage a warpgroup's fp32 dK/dV share in
-        return s[0] * tile_m * d * 2 if atomic else s[3] * 64 * _dq_cols(d, tile_m) * 4
+        return s[0] * tile_m * d * 2 if atomic else s[3] * 64 * bwd_dq_cols(d, tile_m) * 4
 
     stages = next(
         (s for s in order if _bwd_smem(spec, tile_m, tile_n, swap, *s) <= SMEM_BUDGET and staging(s) >= accum_bytes),

@@ -59,6 +59,7 @@ EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
+DQ_DRAINED_BARRIER = 7  # dQ warp -> consumers: the tile's last dQ tiles are read out (its dV is staged in the dQ buffers)
 DQ_HANDOFF = 128 + 32
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
@@ -355,6 +356,9 @@ class FlashBwdSm90:
                         if claimed == 0:
                             pend = Int32(1)
                             pend_m = m_block
+                    # the tile's last dQ tiles read out: the consumers stage its dV in the dQ buffers
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier_arrive(barrier_id=DQ_DRAINED_BARRIER, number_of_threads=CONSUMERS + 32)
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if pend != 0:
                         cute.arch.cp_async_bulk_wait_group(0, read=False)
@@ -551,16 +555,16 @@ class FlashBwdSm90:
                 # min(the tile's index, 0), which is 0. Hoisted, they were held across every tile's query blocks and
                 # spilled (fp16 d128: 5 addresses, CPU SASS)
                 tidx_e = tidx_c + cutlass.min(s_tile[0], Int32(0))
-                # dK at the staging's start; dV after it (one phase) or in its place (two)
-                stage_ptr = storage.sdS.data_ptr() + 0
+                # dK in the dS buffers, dV in the dQ buffers once the dQ warp has read the tile's last dQ tiles out
+                stage_ptr = storage.sdS.data_ptr()
                 sdK_st = cute.make_tensor(cute.recast_ptr(stage_ptr, sK_layout.inner, dtype=DTYPE), sK_layout.outer)
                 sdV_st = cute.make_tensor(
-                    cute.recast_ptr(stage_ptr + 0, sV_layout.inner, dtype=DTYPE),
-                    sV_layout.outer,
+                    cute.recast_ptr(storage.sdQ.data_ptr(), sV_layout.inner, dtype=DTYPE), sV_layout.outer
                 )
+                cute.arch.barrier(barrier_id=DQ_DRAINED_BARRIER, number_of_threads=CONSUMERS + 32)
                 outs = ((tiled_mma_dk, rdK, sdK_st, tma_dk, mdK, HEAD_DIM), (tiled_mma_dv, rdV, sdV_st, tma_dv, mdV, HEAD_DIM_V))
-                for phase in cutlass.range_constexpr(2):
-                    part = outs[phase : phase + 1]
+                for phase in cutlass.range_constexpr(1):
+                    part = outs
                     if cutlass.const_expr(phase > 0):
                         # warp 4 past dK's store's read of the buffer (phase 0: the epilogue's first barrier, above)
                         cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
