@@ -21,6 +21,9 @@ import math
 import sys
 from pathlib import Path
 
+# run as `python3 tools/cta_cost.py` from anywhere: the project root (fa4gen, for the plan's tiles) on the path
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 TOKENS, HIDDEN = 16384, 2048
 # the main kernel's name in torch.profiler's rows (tools/bwd_profile.py), per implementation
 MAIN_KERNEL = {"fa4gen": "bwd_sm90", "fa4": "FlashAttentionBackwardSm90"}

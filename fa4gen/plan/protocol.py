@@ -19,7 +19,7 @@ The forward models (`sm90_programs`, `sm100_programs`) refuse a backward plan (`
 it; the SM90 backward has its own (`sm90_bwd_programs`), for the dQ-warp path its default plans without
 determinism or dK/dV workspaces take: the K / V, Q and dO pipelines, the dQ hand-off's named barriers, the
 P / dS barrier, the epilogue that stages dK / dV in K's and V's buffers, and (persistent, docs/patches 0002)
-several tiles per CTA.
+several tiles per CTA, whose epilogue stages them in the dS (and dQ) buffers instead (`plan.dkv_staging`).
 """
 
 from __future__ import annotations
