@@ -257,7 +257,7 @@ def dkv_staging(plan) -> DkvStaging:
 def bwd_dq_cols(d: int, tile_m: int) -> int:
     """Columns of one warpgroup's (64-row) dQ chunk in the SM90 backward: all of dQ's when the warpgroups split it
     by rows (tile_m 128), tile_m when they compute dQᵀ (64 head-dim rows each; tile_m not a multiple of 64), else
-    half of them (fa4gen.device.sm90.dq_split, which the kernels use, agrees: tests/test_plan_*)."""
+    half of them (fa4gen.device.sm90.dq_split, which the kernels use, agrees: tests/test_dq_chunks.py)."""
     return d if tile_m == 128 else tile_m if tile_m % 64 else d // 2
 
 

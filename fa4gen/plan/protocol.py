@@ -1042,14 +1042,18 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
     P = {p.name: p for p in sm90_bwd_pipelines(plan)}
     BUFS, PDS = plan.dq_buffers, plan.pds_stages
     EMPTY, FULL, HAND = SM90_BWD_DQ_EMPTY_BARRIER, SM90_BWD_DQ_FULL_BARRIER, SM90_BWD_DQ_HANDOFF
-    # persistent with plan.dkv_staging: the epilogue's phases ((name, bytes) each) and the dS stages each one writes
+    # persistent with plan.dkv_staging: per epilogue phase, the tensors laid out back to back in the dS buffers
+    # (dV in the dQ buffers instead with dv_in_dq) and the dS stages they overlap
     staging = plan.dkv_staging
-    staged_parts = ([[("dK", staging.dk_bytes), ("dV", staging.dv_bytes)]] if staging.phases == 1
-                    else [[("dK", staging.dk_bytes)], [("dV", staging.dv_bytes)]])
-    staged_stages = [sorted({s for first, (_, n) in zip((0, part[0][1]), part) for s in staging.stages_of(first, n)})
-                     for part in staged_parts] if staging.phases else []
-    if staging.dv_in_dq:  # one phase: only dK in the dS buffers
-        staged_stages = [sorted(staging.stages_of(0, staging.dk_bytes))]
+    nbytes = {"dK": staging.dk_bytes, "dV": staging.dv_bytes}
+    staged_parts = ([["dK"]] if staging.dv_in_dq else [["dK", "dV"]] if staging.phases == 1 else [["dK"], ["dV"]])
+
+    def ds_stages(part):
+        first, out = 0, set()
+        for name in part:
+            out.update(staging.stages_of(first, nbytes[name]))
+            first += nbytes[name]
+        return sorted(out)
 
     def producer():
         kv, q, do = (PhaseTracker(P[x], "producer") for x in ("kv", "q", "do"))
@@ -1129,8 +1133,7 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                     if p:
                         yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
                     # a stage's two warpgroup halves are not contiguous bytes: a write anywhere in a stage takes both
-                    held = {f"sdS[{s}].{h}": ("/".join(n for n, _ in part if n == "dK" or not staging.dv_in_dq), t)
-                            for s in staged_stages[p] for h in (0, 1)}
+                    held = {f"sdS[{s}].{h}": ("/".join(part), t) for s in ds_stages(part) for h in (0, 1)}
                     if staging.dv_in_dq:  # dV from the dQ buffers' start
                         held.update({f"sdQ[{b}]": ("dV", t)
                                      for b in range(-(-staging.dv_bytes // staging.dq_buffer_bytes))})
