@@ -28,8 +28,8 @@ def _tool():
 tool = _tool()
 
 
-def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns):
-    return [sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns]
+def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained=-1, staged=-1):
+    return [sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained, staged]
 
 
 def test_phases_and_the_gaps_between_ctas_on_one_sm():
@@ -55,6 +55,23 @@ def test_phases_and_the_gaps_between_ctas_on_one_sm():
     assert s["gap"]["median_us"] == pytest.approx(100 / rate)
     assert sum(v["share"] for k, v in s.items() if k in tool.PHASES) == pytest.approx(1.0)
     assert s["busy_share"] == pytest.approx(1800 / (1300 * 2))
+    assert "stage" not in s and c["drain"] == c["stage"] == c["store"] == []  # no staged epilogue in these rows
+
+
+def test_the_staged_epilogue_splits_into_drain_stage_and_store():
+    # row 1: drained at 1050 (dV in the dQ buffers), staged at 1120; row 2: no drained point (d64: both in dS)
+    rows = [
+        _row(0, 100, 100, 300, 1000, 1200, 50, 600, drained=1050, staged=1120),
+        _row(1, 100, 100, 300, 1000, 1150, 50, 575, staged=1040),
+    ]
+    p = tool.phases(rows)
+    c = p["cycles"]
+    assert c["drain"] == [50, 0] and c["stage"] == [70, 40] and c["store"] == [80, 110]
+    assert [d + s + t for d, s, t in zip(c["drain"], c["stage"], c["store"])] == c["epilogue"]
+    s = tool.summary(p, blocks_per_row=2)
+    # the parts are reported beside the phases, not added to a row's time a second time
+    assert sum(v["share"] for k, v in s.items() if k in tool.PHASES) == pytest.approx(1.0)
+    assert s["stage"]["mean_us"] == pytest.approx(55 / (p["cycles_per_ns"] * 1e3))
 
 
 @pytest.mark.parametrize(("mask", "grid"), [("none", False), ("none", True), ("causal", False)])
@@ -69,12 +86,14 @@ def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, tmp_
     call(pkg, op.bwd_plans["sm90"], grad=True)
     (args,) = [a for m, a in launched if m == plan.module]
     fakes = fake_arguments(op.dir, plan.module)
-    check_signature(tool.with_trace(args, torch.full((24, 8), -1, dtype=torch.int64)), fakes,
+    check_signature(tool.with_trace(args, torch.full((24, 10), -1, dtype=torch.int64)), fakes,
                     f"{plan.module} traced")
     with pytest.raises(AssertionError, match="arguments launched"):
         check_signature(args, fakes, plan.module)
     source = (op.dir / f"{plan.module}.py").read_text()
-    assert "TRACE_EVENTS = 8" in source and source.count("trace.record(") >= 5
+    assert "TRACE_EVENTS = 10" in source and source.count("trace.record(") >= 5
+    # the staged epilogue's two points exist exactly where the plan stages dK / dV (the persistent kernel)
+    assert ("T_STAGED, trace.clock64()" in source) == bool(plan.dkv_staging.phases)
 
 
 def test_render_traces_sm90_backward_kernels_only(tmp_path):
@@ -96,7 +115,7 @@ def test_render_traces_sm90_backward_kernels_only(tmp_path):
 @pytest.mark.compile
 @pytest.mark.parametrize("mask", ["none", "causal"])
 def test_the_traced_backward_compiles_without_spills(mask, tmp_path):
-    """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 five times) and the traced kernel
+    """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 five times, seven with the staged epilogue) and the traced kernel
     holds no LDL/STL, so the trace does not move what it measures by spilling."""
     pytest.importorskip("cutlass")
     from fa4gen.compile.generated import compile_generated
@@ -110,4 +129,5 @@ def test_the_traced_backward_compiles_without_spills(mask, tmp_path):
                                cache=None, keep_sass=True)
     sass = result.sass_text
     assert not re.search(r"\b(LDL|STL)\b", sass)
-    assert sass.count("SR_GLOBALTIMER") == 2 and sass.count("SR_CLOCK") >= 5
+    # five points in every kernel; the persistent d128 kernel's staged epilogue adds the drained and staged ones
+    assert sass.count("SR_GLOBALTIMER") == 2 and sass.count("SR_CLOCK") >= (7 if plan.dkv_staging.phases else 5)

@@ -10,6 +10,10 @@ are exact), converted to µs with the clock rate %globaltimer gives over the sam
   epilogue   the last query block done -> dK / dV out (their stores' reads waited for)
   gap        one CTA's (tile's) epilogue end -> the next CTA's entry (tile's start) on the same SM: the teardown and
              launch that a persistent kernel removes (persistent: the loop's own turnaround)
+The staged epilogue (plan.dkv_staging, persistent kernels) is also split into its parts:
+  drain      the last query block done -> past the dQ warp's drained barrier (dV staged in the dQ buffers only)
+  stage      -> dK / dV (the first phase) in shared memory, both warpgroups past the barrier after their stmatrix
+  store      -> the epilogue's end (warp 4's TMA stores have read the buffers; a second phase where there is one)
 and the kernel's span against the SMs' busy time (the tail: SMs idle while the last CTAs finish).
 
 The traced build is rendered with `fa4gen.render.render_package(..., trace={module})` into a scratch package:
@@ -37,8 +41,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 from cta_cost import HIDDEN, TOKENS, work  # noqa: E402  (the grid cell: its shape, CTAs and query blocks)
 
 # the trace columns (templates/sm90/bwd.py.j2's T_* constants)
-T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS = range(8)
+T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS, T_DRAINED, T_STAGED = range(10)
+REQUIRED = 8  # columns every traced kernel writes; T_DRAINED / T_STAGED only where the epilogue has those points
 PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
+EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (their sum is its epilogue)
 
 
 def spec_dict(d: int, mask: str) -> dict:
@@ -72,13 +78,18 @@ def traced_package(spec: dict, grid: bool, out_dir: Path):
 def phases(rows: list[list[int]]) -> dict:
     """Per-row phase lengths in cycles, the gaps between consecutive rows on one SM, and the clock rate (cycles
     per ns) from the rows' own entry -> end spans."""
-    out = {name: [] for name in PHASES}
+    out = {name: [] for name in PHASES + EPILOGUE_PARTS}
     cycles = ns = 0
     for r in rows:
         out["prologue"].append(r[T_CONSUMERS] - r[T_ENTRY])
         out["kv_wait"].append(r[T_KV] - r[T_CONSUMERS])
         out["blocks"].append(r[T_BLOCKS] - r[T_KV])
         out["epilogue"].append(r[T_EPILOGUE] - r[T_BLOCKS])
+        if r[T_STAGED] >= 0:
+            drained = r[T_DRAINED] if r[T_DRAINED] >= 0 else r[T_BLOCKS]
+            out["drain"].append(drained - r[T_BLOCKS])
+            out["stage"].append(r[T_STAGED] - drained)
+            out["store"].append(r[T_EPILOGUE] - r[T_STAGED])
         cycles += r[T_EPILOGUE] - r[T_ENTRY]
         ns += r[T_END_NS] - r[T_ENTRY_NS]
     by_sm: dict[int, list[list[int]]] = {}
@@ -99,7 +110,7 @@ def summary(p: dict, blocks_per_row: float) -> dict:
     for name, values in p["cycles"].items():
         if values:
             out[name] = {"median_us": statistics.median(values) / rate, "mean_us": statistics.fmean(values) / rate}
-    per_row = sum(v["mean_us"] for k, v in out.items())
+    per_row = sum(v["mean_us"] for k, v in out.items() if k in PHASES)
     for v in out.values():
         v["share"] = v["mean_us"] / per_row if per_row else float("nan")
     out["per_block_us"] = out["blocks"]["mean_us"] / blocks_per_row if blocks_per_row else float("nan")
@@ -148,7 +159,7 @@ def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[lis
     finally:
         ForwardOp._launch = staticmethod(launch)
     rows = trace.cpu().tolist()
-    missing = sum(1 for r in rows if min(r) < 0)
+    missing = sum(1 for r in rows if min(r[:REQUIRED]) < 0)
     if missing:
         raise SystemExit(f"d{d} s{s}: {missing} of {len(rows)} trace rows not written")
     # query blocks per CTA as tools/cta_cost.py counts them (the kernel's own causal range, mirrored)
@@ -187,6 +198,9 @@ def main(argv=None) -> int:
                            if n in summ else "-" for n in PHASES)
         print(f"| {s} | {len(rows)} | {blocks:.1f} | {cells} | {summ['per_block_us']:.2f} | {summ['busy_share']:.1%} "
               f"| {summ['span_us']:.0f} | {summ['clock_ghz']:.2f} |")
+        if "stage" in summ:
+            print(f"  s{s} staged epilogue (median / mean µs): " + ", ".join(
+                f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in EPILOGUE_PARTS))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else ''}"
