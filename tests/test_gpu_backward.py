@@ -34,6 +34,9 @@ SPECS = {
     # 16 KB stages, d128 with softcap (64-row steps) in two phases that fill both stages exactly
     "gb_bf16_d96_none_mha": dict(dtype="bf16", head_dim=96, allow_gqa=False),
     "gb_bf16_d128_softcap_none_mha": dict(dtype="bf16", head_dim=128, softcap=20.0, allow_gqa=False),
+    # the causal persistent backwards (session 67): d128 (dV staged in the dQ buffers), d64 (dK / dV in dS stage 1)
+    "gb_bf16_d128_causal_mha": dict(dtype="bf16", head_dim=128, mask={"kind": "causal"}, allow_gqa=False),
+    "gb_fp16_d64_causal_mha": dict(dtype="fp16", head_dim=64, mask={"kind": "causal"}, allow_gqa=False),
     "gb_bf16_d256_window": dict(dtype="bf16", head_dim=256, mask={"kind": "sliding_window", "left": 100, "right": 20}),
     "gb_fp16_d192_128_chunked_softcap": dict(dtype="fp16", head_dim=192, head_dim_v=128, softcap=20.0,
                                              mask={"kind": "chunked", "chunk_size": 96}),
@@ -319,7 +322,8 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
 
 
 # the persistent backwards (plan scheduler "persistent": MHA without a mask, Sᵀ, neither deterministic nor varlen)
-PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha", "gb_bf16_d96_none_mha"]
+PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha", "gb_bf16_d96_none_mha", "gb_bf16_d128_causal_mha",
+                    "gb_fp16_d64_causal_mha"]
 
 
 @pytest.mark.parametrize("name", PERSISTENT_SPECS)

@@ -962,7 +962,7 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
             assert all(getattr(loop, f) == getattr(mha, f) for f in same), (hd, mask)
             # one CTA per (key block, kv head, batch): never the MHA twin's persistent loop (no mask)
             assert (loop.scheduler, loop.persistent_ctas) == ("grid", 0)
-            assert mha.scheduler == ("persistent" if mask["kind"] == "none" else "grid"), (hd, mask)
+            assert mha.scheduler == ("persistent" if mask["kind"] in ("none", "causal") else "grid"), (hd, mask)
             assert any(f"at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs" in n for n in loop.notes)
     causal = {"kind": "causal"}
     assert "bwd_sm90_gqa" not in bwd((128, None), causal, deterministic=True)
@@ -975,7 +975,8 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
 @pytest.mark.parametrize("dims", [(64, None), (96, None), (128, None)])
 def test_backward_is_persistent_for_mha_without_a_mask(dims):
     """The persistent backward (one CTA per SM over the key-block tiles, round-robin) is planned for the Sᵀ MHA
-    kernels without a mask, neither deterministic nor varlen, dQ through the hand-off: every tile the same work.
+    kernels without a mask (every tile the same work) or causal (longest first), neither deterministic nor varlen,
+    dQ through the hand-off.
     allow_gqa specs get it in their MHA twin (bwd_sm90_mha) only; every other backward keeps one CTA per tile."""
     def bwd(mask=None, pipe=None, module="bwd_sm90", **kw):
         spec = spec_from_dict(_spec_dict(0, dims, "bf16", mask or {"kind": "none"}, pipe or {}, backward=True, **kw))
@@ -986,7 +987,10 @@ def test_backward_is_persistent_for_mha_without_a_mask(dims):
     assert any(n.startswith("persistent: 132 CTAs") for n in mha.notes)
     twin, gqa, loop = bwd(module="bwd_sm90_mha"), bwd(), bwd(module="bwd_sm90_gqa")
     assert (twin.scheduler, gqa.scheduler, loop.scheduler) == ("persistent", "grid", "grid")
-    others = [bwd({"kind": "causal"}, allow_gqa=False), bwd(deterministic=True, allow_gqa=False),
+    # causal too (session 67): the causal grid's longest-first order dealt round-robin, dK / dV staged (dkv_staging)
+    causal = bwd({"kind": "causal"}, allow_gqa=False)
+    assert (causal.scheduler, causal.persistent_ctas) == ("persistent", 132) and causal.dkv_staging.phases
+    others = [bwd(deterministic=True, allow_gqa=False),
               bwd(varlen=True, allow_gqa=False), bwd(pipe={"bwd_dq_atomic": True}, allow_gqa=False),
               bwd(pipe={"bwd_swap_ab": False}, allow_gqa=False),
               bwd({"kind": "sliding_window", "left": 64, "right": 0}, allow_gqa=False)]

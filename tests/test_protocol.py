@@ -635,8 +635,12 @@ def test_sm90_backward_protocol_holds(plan):
     assert plan.swap_sdp and not plan.deterministic and plan.dq_claim
     protocol.check_sm90_bwd(plan, runs=20)
     for q, do, pds, bufs in itertools.product((1, 2), (1, 2), (1, 2), (1, 2)):
-        protocol.check_sm90_bwd(_persistent(plan, q_stages=q, do_stages=do, pds_stages=pds, dq_buffers=bufs),
-                                runs=6, max_tiles=4, seed=q + 2 * do + 4 * pds + 8 * bufs)
+        p = _persistent(plan, q_stages=q, do_stages=do, pds_stages=pds, dq_buffers=bufs)
+        if p.has_mask and not p.dkv_staging.phases:  # never planned (plan_backward keeps one CTA per tile)
+            with pytest.raises(ValueError, match="stages dK / dV in the dS buffers"):
+                protocol.check_sm90_bwd(p)
+            continue
+        protocol.check_sm90_bwd(p, runs=6, max_tiles=4, seed=q + 2 * do + 4 * pds + 8 * bufs)
 
 
 def test_sm90_backward_model_refuses_what_it_does_not_model():
@@ -644,9 +648,9 @@ def test_sm90_backward_model_refuses_what_it_does_not_model():
                dict(allow_gqa=False, pipeline={"bwd_dq_atomic": True}), dict(allow_gqa=False, pipeline={"bwd_swap_ab": False})):
         with pytest.raises(ValueError, match="the backward model covers"):
             protocol.check_sm90_bwd(_bwd(128, **kw))
-    causal = next(p for p in BWD_PLANS if p.mask_kind == "causal")  # one CTA per tile (no-mask MHA: persistent with 0002)
+    grid = dataclasses.replace(next(p for p in BWD_PLANS if p.mask_kind == "causal"), scheduler="grid", persistent_ctas=0)
     with pytest.raises(ValueError, match="one tile per CTA"):
-        protocol.sm90_bwd_programs(causal, [2, 2])
+        protocol.sm90_bwd_programs(grid, [2, 2])
     fwd = next(p for p in plan_kernels(_spec((128, None), {"kind": "none"}, {}, ("sm90",)), "sm90"))
     with pytest.raises(ValueError, match="sm90 backward plans"):
         protocol.check_sm90_bwd(fwd)
@@ -670,13 +674,14 @@ def test_persistent_backward_stages_dkv_in_the_ds_buffers():
     """The planned persistent backwards stage dK / dV in the dS buffers (session 67): d64 both at once in dS stage 1
     (the next tile's first block writes stage 0 only); d96 / d128 dK in the dS buffers and dV in the dQ buffers.
     With one dQ buffer, d128 falls back to two phases (dK, then dV) in the dS buffers."""
-    staging = {(p.head_dim, int(p.softcap)): p.dkv_staging for p in BWD_PLANS if p.scheduler == "persistent"}
+    staging = {(p.head_dim, p.mask_kind, int(p.softcap)): p.dkv_staging for p in BWD_PLANS if p.scheduler == "persistent"}
     assert {k: (v.phases, v.stage0, v.dv_in_dq) for k, v in staging.items()} == {
-        (64, 0): (1, 1, False), (96, 0): (1, 0, True), (128, 0): (1, 0, True), (128, 20): (1, 0, True)}
+        (64, "none", 0): (1, 1, False), (96, "none", 0): (1, 0, True), (128, "none", 0): (1, 0, True),
+        (128, "none", 20): (1, 0, True), (128, "causal", 0): (1, 0, True), (64, "causal", 0): (1, 1, False)}
     # the staged bytes fit the dS (and dQ) buffers from their first stage on; the stores' swizzle needs 1024-byte
     # offsets; the dQ buffers' size is the kernel's (sm90.dq_split)
-    for (d, sc), st in staging.items():
-        plan = next(p for p in BWD_PLANS if (p.head_dim, int(p.softcap)) == (d, sc) and p.scheduler == "persistent")
+    for key, st in staging.items():
+        plan = next(p for p in BWD_PLANS if (p.head_dim, p.mask_kind, int(p.softcap)) == key)
         assert st.stage_bytes == plan.tile_n * plan.tile_m * 2 and st.stage_bytes % 1024 == 0
         in_ds = st.dk_bytes if st.dv_in_dq else st.dk_bytes + st.dv_bytes if st.phases == 1 else max(st.dk_bytes, st.dv_bytes)
         assert st.stage0 * st.stage_bytes + in_ds <= plan.pds_stages * st.stage_bytes
@@ -686,7 +691,8 @@ def test_persistent_backward_stages_dkv_in_the_ds_buffers():
     d128 = next(p for p in BWD_PLANS if (p.head_dim, p.softcap) == (128, 0.0) and p.scheduler == "persistent")
     assert (dataclasses.replace(d128, dq_buffers=1).dkv_staging.phases, dataclasses.replace(d128, dq_buffers=1).dkv_staging.dv_in_dq) == (2, False)
     # not staged: one CTA per tile, GQA accumulators
-    assert all(p.dkv_staging.phases == 0 for p in BWD_PLANS if p.scheduler != "persistent")
+    assert all(p.scheduler == "persistent" for p in BWD_PLANS)  # (session 67: the causal ones too)
+    assert dataclasses.replace(BWD_PLANS[0], scheduler="grid", persistent_ctas=0).dkv_staging.phases == 0
     assert _persistent(_bwd(128, allow_gqa=True)).dkv_staging.phases == 0
 
 
@@ -751,12 +757,15 @@ def test_persistent_backward_kv_never_released_deadlocks():
     assert len(errors) == 3 and all("deadlock" in e for e in errors)
 
 
-@pytest.mark.parametrize("which", [2, 4], ids=["d128-persistent-staged", "d128-causal-grid"])
+@pytest.mark.parametrize("which", [2, 4, -4], ids=["d128-persistent-staged", "d128-causal-persistent-staged",
+                                                  "d128-causal-grid"])
 def test_sm90_backward_missing_epilogue_barriers_are_caught(which):
     """Without the epilogue's barriers one warpgroup writes dK over K (one CTA per tile) or over dS / dQ (persistent,
     staged in the dS / dQ buffers) while the other still reads it for its last query block, or stores a buffer the
     other has not written yet and then writes it under the store."""
-    plan = BWD_PLANS[which]
+    plan = BWD_PLANS[abs(which)]
+    if which < 0:  # one CTA per tile: the epilogue through K's and V's buffers
+        plan = dataclasses.replace(plan, scheduler="grid", persistent_ctas=0)
     buf = "sd(S\\[\\d\\]\\.\\d|Q\\[\\d\\])" if plan.dkv_staging.phases else "s[KV]"
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "bar_sync" and op.stage == 1 else op, tiles=(4,),
                         seeds=range(100))

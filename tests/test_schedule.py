@@ -127,10 +127,14 @@ def test_causal_backward_groups_hold_about_one_wave(head_dim, head_dim_v, tile_n
     from fa4gen.builder import render_spec
     from fa4gen.spec import spec_from_dict
 
+    # (up to head dim 128 the causal MHA backward is persistent since session 67, its tiles in
+    # schedule.paired_tile's order: the GQA kernel (bwd_sm90 of an allow_gqa spec) keeps this grid there)
     spec = spec_from_dict(dict(name="lpt_groups", targets=["sm90"], dtype="bf16", head_dim=head_dim,
-                               head_dim_v=head_dim_v, mask={"kind": "causal"}, backward=True, allow_gqa=False))
+                               head_dim_v=head_dim_v, mask={"kind": "causal"}, backward=True,
+                               allow_gqa=head_dim <= 128))
     pkg, plans, _ = render_spec(spec, "t")
-    bwd = next(p for p in plans if p.direction == "bwd")
+    bwd = next(p for p in plans if p.direction == "bwd" and p.module == "bwd_sm90")
+    assert bwd.scheduler == "grid"
     assert bwd.tile_n == tile_n
     code = pkg.files["bwd_sm90.py"]
     ctas = int(re.search(r"^LPT_GROUP_CTAS = (\d+)$", code, re.MULTILINE).group(1))

@@ -47,6 +47,11 @@ whose tiles ramp up again in every chunk (the units balance them only when a chu
 that order and for the chunks' ramp order (schedule.chunk_ramp: the last, partial chunk's tiles in units of their own,
 after the whole chunks').
 
+`bwd_causal`: the causal MHA backward (d64 / d128, the FA grid's shapes) as one CTA per key block (the grid's
+order, greedy) against the persistent kernel's static order (docs/patches 0001 of session 67: the masked persistent
+forward's paired order over key blocks mirrored), a key block's cost its query blocks times the per-block cost plus a
+per-tile cost (session 67's fit for the grid; the persistent one bracketed). Prints both makespans.
+
 `idle`: the persistent forward without a mask in 192-row tiles (d64's grid: 16k tokens x 32 heads), whose idle warpgroups
 skip a sequence's last, partial tile, which then costs `c1` (one busy warpgroup) or `c2` (two) of a full tile (assumed,
 not measured); CTA c runs tiles c, c + n, ... Prints each seqlen's makespan over a perfect balance with n = the SM
@@ -54,8 +59,8 @@ count (when n is a multiple of the tiles per sequence, a CTA meets the same quer
 API's n (fa4gen.api.runtime.spread_ctas: the largest count coprime to them), and the time saved against the kernel
 without the skip.
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window` or
-`... idle` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
+Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window`,
+`... idle` or `... bwd_causal` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
 """
 
 import argparse
@@ -146,6 +151,37 @@ def makespan(works, sms=132):
         end = max(end, t)
         heapq.heappush(free, t)
     return end
+
+
+def causal_bwd_persistent(d, seqlen, tile_m, per_block, grid_cta, persistent_tile, sms=132, tile_n=128):
+    """(grid, persistent, ideal) makespans in µs of the causal MHA backward at the FA grid's shape (16k tokens,
+    2048 / d heads): key block n costs its query blocks (from its diagonal on) x `per_block` plus `grid_cta` as one
+    CTA per tile in the grid's order (pairs of a group fastest, key blocks ascending, groups of pow2_group(pairs,
+    186 // key blocks)) greedy onto `sms` SMs, or plus `persistent_tile` as the persistent kernel's static order
+    (fa4gen.device.schedule.paired_schedule / paired_tile over key blocks mirrored: its tile m is key block
+    num_n - 1 - m), its grid min(units, sms) CTAs as the host makes it; ideal: the persistent work over those CTAs.
+    Every tile is checked to run once."""
+    from fa4gen.device import schedule
+
+    heads, batch = 2048 // d, 16384 // seqlen
+    num_n, num_m, hb = -(-seqlen // tile_n), -(-seqlen // tile_m), heads * batch
+    blocks = [max(num_m - n * tile_n // tile_m, 0) for n in range(num_n)]
+    group = max(g for g in (1, 2, 4, 8, 16) if g <= max(186 // num_n, 1) and hb % g == 0)
+    grid = makespan([blocks[n] * per_block + grid_cta for _ in range(0, hb, group) for n in range(num_n)
+                     for _ in range(group)], sms)
+    tiles = num_n * hb
+    ctas = min((tiles + 1) // 2, sms) if tiles > sms else tiles  # schedule.paired_units / pairs_for
+    seen, span = set(), 0.0
+    for cta in range(ctas):
+        iterations, *sched = schedule.paired_schedule(cta, ctas, tiles, num_n, hb)
+        load = 0.0
+        for k in range(iterations):
+            m, head, b = schedule.paired_tile(k, cta, ctas, num_n, heads, sched)
+            seen.add((num_n - 1 - m, head, b))
+            load += blocks[num_n - 1 - m] * per_block + persistent_tile
+        span = max(span, load)
+    assert len(seen) == tiles, (len(seen), tiles)
+    return grid, span, (sum(blocks) * per_block + num_n * persistent_tile) * hb / ctas
 
 
 def causal_bwd_groups(tile_m, tile_n, seqlen, hb, ctas_per_group, sms=132, cta_overhead=1.0):
@@ -341,7 +377,7 @@ def idle_loads(seqlen, n, c1, c2, skip=True, tile=192, tokens=16384, heads=32):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window", "idle"])
+    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window", "idle", "bwd_causal"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -413,6 +449,16 @@ def main(argv=None) -> int:
                     cells.append(f"{count} CTAs {max(loads) / (sum(loads) / args.sms):.3f}x a balance, "
                                  f"{before / max(loads):.3f}x as fast as no skip")
                 print(f"d64 no mask s{seqlen} (last tile c1 {c1}, c2 {c2}): " + "; ".join(cells))
+    elif args.which == "bwd_causal":
+        # session 67's d128 fit (tools/cta_cost.py): P = 6.36 us per CTA, B = 1.88 per 64-row block; d64 assumed
+        # B = 2.2 (128-row blocks), P = 4.4. The persistent tile's cost with the staged epilogue is not measured:
+        # the grid's P and 2 us less bracket it
+        for d, tile_m, per_block, cta in ((128, 64, 1.88, 6.36), (64, 128, 2.2, 4.4)):
+            for seqlen in (512, 1024, 2048, 4096, 8192):
+                for tile in (cta, cta - 2.0):
+                    grid, span, ideal = causal_bwd_persistent(d, seqlen, tile_m, per_block, cta, tile, args.sms)
+                    print(f"d{d} causal s{seqlen}, persistent tile cost {tile:.2f} us: grid {grid:.0f} us, persistent "
+                          f"{span:.0f} us ({span / ideal:.3f}x a perfect balance), grid / persistent {grid / span:.3f}")
     elif args.which == "persistent":
         for seqlen in (512, 1024, 2048, 4096, 8192):
             grid, lpt, units = causal_forward_orders(seqlen, 16384 // seqlen * 16)

@@ -713,11 +713,17 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
     # First built for the Sᵀ MHA kernels without a mask (every tile the same work, so tiles go round-robin), neither
     # deterministic nor varlen, dQ through the hand-off with the claim (session 66: +0.9% at s512-2k, +3.7-4.0% at s8k;
     # docs/STATUS.md "Where to start" item 1)
-    persistent = (swap and spec.mask.kind == "none" and not spec.varlen and not spec.deterministic
+    # Causal too (docs/patches, session 67): its tiles in the causal grid's longest-first order, dealt out round-robin
+    persistent = (swap and spec.mask.kind in ("none", "causal") and not spec.varlen and not spec.deterministic
                   and not spec.allow_gqa and claim and allow_persistent)
     if persistent:
         notes.append(f"persistent: {PERSISTENT_CTAS} CTAs at compile time (the GPU's SM count at run time) loop over "
-                     "the (key block, head, batch) tiles round-robin, key blocks fastest; K / V reloaded per tile")
+                     + ("the (key block, head, batch) tiles round-robin, key blocks fastest"
+                        if spec.mask.kind == "none" else
+                        "the (key block, head, batch) tiles in the masked persistent forward's causal order over key "
+                        "blocks mirrored (schedule.paired_tile: units of a pair's longest and shortest key block, which "
+                        "cost alike, then a longest-first tail)")
+                     + "; K / V reloaded per tile")
     fields = semantic_fields(spec, every, share, fit)
     fields.update(poly_every=0, poly_share=0.0, rescale_threshold=0.0)  # the backward uses the saved LSE
     plan = KernelPlan(
@@ -749,7 +755,11 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
         dkv_elementwise=dkv_ew,
         smem_bytes=smem,
     )
-    if persistent:
+    if persistent and spec.mask.kind != "none" and not plan.dkv_staging.phases:
+        # masked: a tile without query blocks loads no K / V, so its dK / dV (zeros) may not go out through K's and V's
+        # buffers while the next tile's K / V land there; without room for them elsewhere, one CTA per tile
+        plan = replace(plan, scheduler="grid", persistent_ctas=0, notes=plan.notes[:-1])
+    elif persistent:
         plan = replace(plan, notes=plan.notes + (_staging_note(plan.dkv_staging),))
     return plan
 
@@ -764,4 +774,4 @@ def _staging_note(staging) -> str:
               if staging.stage0 else "dK and dV together in the dS buffers")
              if staging.phases == 1 else "dK, then dV, in the dS buffers")
     return (f"dK / dV staged for their TMA stores: {where}; K / V go back to the producer right after a tile's last "
-            "GEMMs, so the next tile's K / V load under the epilogue (session 67: backward +1.6-4.2% at s512-2k)")
+            "GEMMs, so the next tile's K / V load under the epilogue (session 67, no mask: backward +1.6-4.2% at s512-2k)")
