@@ -74,13 +74,16 @@ def test_the_staged_epilogue_splits_into_drain_stage_and_store():
     assert s["stage"]["mean_us"] == pytest.approx(55 / (p["cycles_per_ns"] * 1e3))
 
 
-@pytest.mark.parametrize(("mask", "grid"), [("none", False), ("none", True), ("causal", False), ("causal", True)])
-def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("mask", "grid", "persistent"), [
+    ("none", False, False), ("none", True, False), ("causal", False, False), ("causal", True, False),
+    ("causal", False, True)])
+def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, persistent, tmp_path, monkeypatch):
     """The API's backward launch with the tool's trace tensor inserted is what the traced kernel compiles for
     (count, ranks, dtypes, extents); without it the count is one short."""
-    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), grid, tmp_path)
+    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), grid, tmp_path, persistent=persistent)
     op = pkg._forward
-    assert (plan.scheduler == "persistent") == (not grid)  # (causal too since session 67)
+    # d128 causal: one CTA per tile unless --persistent forces the loop the planner declines there (session 68)
+    assert (plan.scheduler == "persistent") == (not grid and (mask == "none" or persistent))
     assert op.bwd_plans["sm90"]["scheduler"] == plan.scheduler
     launched = capture(op, monkeypatch, "sm90")
     call(pkg, op.bwd_plans["sm90"], grad=True)
@@ -112,9 +115,14 @@ def test_render_traces_sm90_backward_kernels_only(tmp_path):
     assert plain.files["fwd_sm90.py"] == traced.files["fwd_sm90.py"]
 
 
+def test_grid_and_persistent_exclude_each_other(tmp_path):
+    with pytest.raises(SystemExit, match="exclude each other"):
+        tool.traced_package(tool.spec_dict(128, "causal"), True, tmp_path, persistent=True)
+
+
 @pytest.mark.compile
-@pytest.mark.parametrize("mask", ["none", "causal"])
-def test_the_traced_backward_compiles_without_spills(mask, tmp_path):
+@pytest.mark.parametrize(("mask", "persistent"), [("none", False), ("causal", False), ("causal", True)])
+def test_the_traced_backward_compiles_without_spills(mask, persistent, tmp_path):
     """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 five times, seven with the staged epilogue) and the traced kernel
     holds no LDL/STL, so the trace does not move what it measures by spilling."""
     pytest.importorskip("cutlass")
@@ -123,7 +131,7 @@ def test_the_traced_backward_compiles_without_spills(mask, tmp_path):
 
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (needed for the SASS)")
-    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), False, tmp_path)
+    pkg, plan = tool.traced_package(tool.spec_dict(128, mask), False, tmp_path, persistent=persistent)
     op = pkg._forward
     result = compile_generated(op.dir / f"{plan.module}.py", f"{op.package}.{plan.module}", op.bwd_plans["sm90"],
                                cache=None, keep_sass=True)

@@ -20,8 +20,10 @@ The traced build is rendered with `fa4gen.render.render_package(..., trace={modu
 the kernel takes one more tensor (fa4gen/device/trace.py), nothing else changes; the packages users build are
 never traced. Shapes follow tools/bench_fwd.py's grid (batch x seqlen = 16384 tokens, 2048 / d heads).
 
-Run on the GPU machine: `python3 tools/bwd_timeline.py --head-dim 128 --mask none --seqlens 512,2048 [--grid]
-[--out DIR]` (`--grid`: one CTA per tile even where the plan is persistent, to compare the two).
+Run on the GPU machine: `python3 tools/bwd_timeline.py --head-dim 128 --mask none --seqlens 512,2048 [--grid |
+--persistent] [--out DIR]` (`--grid`: one CTA per tile even where the plan is persistent, to compare the two;
+`--persistent`: the causal kernel persistent even where the planner keeps it one CTA per tile, d80-d128, whose
+staged epilogue has barriers: plan_backward(masked_persistent=True)).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def spec_dict(d: int, mask: str) -> dict:
                 backward=True, allow_gqa=False)
 
 
-def traced_package(spec: dict, grid: bool, out_dir: Path):
-    """Render `spec` with its SM90 backward traced (and, with `grid`, one CTA per tile) and import it."""
+def traced_package(spec: dict, grid: bool, out_dir: Path, persistent: bool = False):
+    """Render `spec` with its SM90 backward traced (with `grid`, one CTA per tile; with `persistent`, the masked
+    persistent loop where the planner would not choose it) and import it."""
     from fa4gen.builder import plan_spec, write_package
     from fa4gen.compile.generated import import_from_path
     from fa4gen.render import RenderedPackage, render_package
@@ -63,6 +66,15 @@ def traced_package(spec: dict, grid: bool, out_dir: Path):
 
     s = spec_from_dict(spec)
     plans, unavailable = plan_spec(s, archs=["sm90"])
+    if grid and persistent:
+        raise SystemExit("bwd_timeline: --grid and --persistent exclude each other")
+    if persistent:
+        from fa4gen.plan.sm90 import plan_backward
+
+        forced = plan_backward(s, masked_persistent=True)
+        if forced.scheduler != "persistent":
+            raise SystemExit(f"{s.name}: no persistent backward for this spec (plan_backward: {forced.scheduler})")
+        plans = [forced if p.direction == "bwd" and p.module == forced.module else p for p in plans]
     if grid:
         plans = [dataclasses.replace(p, scheduler="grid", persistent_ctas=0)
                  if p.direction == "bwd" and p.scheduler == "persistent" else p for p in plans]
@@ -70,7 +82,7 @@ def traced_package(spec: dict, grid: bool, out_dir: Path):
     if not bwd or any(p.varlen or p.dkv_accum for p in bwd):
         raise SystemExit(f"{s.name}: expected an MHA SM90 backward without varlen (the trace rows are per key block)")
     pkg = render_package(s, plans, spec_label="<bwd_timeline>", unavailable=unavailable, trace={p.module for p in bwd})
-    name = f"fa4gen_timeline_{s.name}{'_grid' if grid else ''}"
+    name = f"fa4gen_timeline_{s.name}{'_grid' if grid else '_persistent' if persistent else ''}"
     write_package(RenderedPackage(name=name, files=pkg.files), out_dir)
     return import_from_path(name, out_dir / name / "__init__.py", package=True), bwd[0]
 
@@ -174,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mask", choices=("none", "causal"), default="none")
     ap.add_argument("--seqlens", default="512,1024,2048")
     ap.add_argument("--grid", action="store_true", help="one CTA per tile even where the plan is persistent")
+    ap.add_argument("--persistent", action="store_true",
+                    help="the causal kernel persistent even where the planner keeps it one CTA per tile (d80-d128)")
     ap.add_argument("--repeats", type=int, default=3, help="backward calls per cell (the last one is read)")
     ap.add_argument("--out", default=None, help="folder for timeline.json (the rows and the summaries)")
     args = ap.parse_args(argv)
@@ -183,7 +197,7 @@ def main(argv=None) -> int:
         raise SystemExit("bwd_timeline: needs a CUDA GPU (the traced kernel runs)")
     spec = spec_dict(args.head_dim, args.mask)
     scratch = Path(tempfile.mkdtemp(prefix="fa4gen_timeline_"))
-    pkg, plan = traced_package(spec, args.grid, scratch)
+    pkg, plan = traced_package(spec, args.grid, scratch, persistent=args.persistent)
     kind = "one CTA per tile" if plan.scheduler != "persistent" else "persistent"
     print(f"d{args.head_dim} {args.mask} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
           f"µs per CTA / tile (median, mean, share of the mean row)")
@@ -203,7 +217,7 @@ def main(argv=None) -> int:
                 f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in EPILOGUE_PARTS))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else ''}"
+        tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
         (Path(args.out) / f"timeline_{tag}.json").write_text(json.dumps(report))
     return 0
 

@@ -48,8 +48,8 @@ that order and for the chunks' ramp order (schedule.chunk_ramp: the last, partia
 after the whole chunks').
 
 `bwd_causal`: the causal MHA backward (d64 / d128, the FA grid's shapes) as one CTA per key block (the grid's
-order, greedy) against the persistent kernel's static order (docs/patches 0001 of session 67: the masked persistent
-forward's paired order over key blocks mirrored), a key block's cost its query blocks times the per-block cost plus a
+order, greedy) against the persistent kernel's static order (built in session 67, landed for head dims up to 64 in
+session 68: the masked persistent forward's paired order over key blocks mirrored), a key block's cost its query blocks times the per-block cost plus a
 per-tile cost (session 67's fit for the grid; the persistent one bracketed). Prints both makespans.
 
 `idle`: the persistent forward without a mask in 192-row tiles (d64's grid: 16k tokens x 32 heads), whose idle warpgroups

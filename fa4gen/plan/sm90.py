@@ -534,10 +534,13 @@ def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
                    min_kv_ctas=GQA_HEAD_LOOP_MIN_CTAS, notes=(*plan.notes, note))
 
 
-def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> KernelPlan | None:
+def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
+                  masked_persistent: bool = False) -> KernelPlan | None:
     """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true.
     allow_persistent=False keeps one CTA per tile where the persistent loop would be planned (the GQA head-loop
-    kernel, built and measured on the grid)."""
+    kernel, built and measured on the grid). masked_persistent=True plans the causal kernel persistent also where its
+    staged epilogue has barriers (d80-d128), which measured slower than one CTA per tile (session 68): for
+    tools/bwd_timeline.py --persistent, to measure that kernel; never set by a build."""
     if not spec.backward:
         return None
     problems = []
@@ -713,7 +716,8 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
     # First built for the Sᵀ MHA kernels without a mask (every tile the same work, so tiles go round-robin), neither
     # deterministic nor varlen, dQ through the hand-off with the claim (session 66: +0.9% at s512-2k, +3.7-4.0% at s8k;
     # docs/STATUS.md "Where to start" item 1)
-    # Causal too (docs/patches, session 67): its tiles in the causal grid's longest-first order, dealt out round-robin
+    # Causal too (session 67's docs/patches, GPU-run in session 68), in the masked persistent forward's causal order
+    # mirrored, where the staged epilogue below has no barrier (below)
     persistent = (swap and spec.mask.kind in ("none", "causal") and not spec.varlen and not spec.deterministic
                   and not spec.allow_gqa and claim and allow_persistent)
     if persistent:
@@ -758,6 +762,14 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True) -> Kern
     if persistent and spec.mask.kind != "none" and not plan.dkv_staging.phases:
         # masked: a tile without query blocks loads no K / V, so its dK / dV (zeros) may not go out through K's and V's
         # buffers while the next tile's K / V land there; without room for them elsewhere, one CTA per tile
+        plan = replace(plan, scheduler="grid", persistent_ctas=0, notes=plan.notes[:-1])
+    elif persistent and spec.mask.kind != "none" and not plan.dkv_staging.stage0 and not masked_persistent:
+        # causal, dK / dV staged from the first dS stage (d80-d128: dV in the dQ buffers behind the dQ warp's drained
+        # barrier, and a barrier after the stores before the next tile writes dS): one CTA per tile. Session 68
+        # (H100, A/B against the grid kernel): d128 causal s512 / 1k / 2k / 8k raw 0.924 / 0.975 / 0.970 / 0.975,
+        # while d64 (stage 1, no barrier) gained 1.103 / 1.083 / 1.045 / 1.027. Traced at d128 s512, the persistent
+        # tile spent 4.5 us in that epilogue (grid 2.1) and 11.4 us in its blocks (grid 10.2), against the 2.7 us of
+        # prologue and K / V wait it saved (tools/bwd_timeline.py; docs/PERF.md session 68)
         plan = replace(plan, scheduler="grid", persistent_ctas=0, notes=plan.notes[:-1])
     elif persistent:
         plan = replace(plan, notes=plan.notes + (_staging_note(plan.dkv_staging),))

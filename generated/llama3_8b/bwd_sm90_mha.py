@@ -62,9 +62,12 @@ EPILOGUE_BARRIER = 1  # the consumer warpgroups
 PDS_BARRIER = 2  # P and dS of a query block are in shared memory (consumers)
 DQ_FULL_BARRIER = 3  # + w: warpgroup w -> dQ warp: its dQ tile is in shared memory (dq_atomic, deterministic: turn warp -> warpgroup w: its turn came)
 DQ_EMPTY_BARRIER = 5  # + w: dQ warp -> warpgroup w: its buffer has been read out (dq_atomic, deterministic: warpgroup w -> turn warp: its adds are issued)
-DQ_DRAINED_BARRIER = 7  # dQ warp -> consumers: the tile's last dQ tiles are read out (its dV is staged in the dQ buffers)
 DQ_HANDOFF = 128 + 32
-SCHED_SLOTS = 5  # schedule.paired_schedule's constants after the iteration count
+# a group of pairs holds about one wave of CTAs (132 on an H100 / H200, one CTA per SM): pow2_group takes the
+# largest power of two of pairs <= LPT_GROUP_CTAS // key blocks, and 186 = 132 * sqrt(2) makes that the power of two
+# nearest a wave in ratio, where 132 // key blocks (until session 39) rounded down to as little as half a wave
+# whenever the key blocks do not divide 132 by a power of two: the (192, 128) tile's 96-key blocks (s1k-s8k)
+LPT_GROUP_CTAS = 186
 DQ_BUFS = 2  # fp32 (64, DQ_N) tiles: one per warpgroup, or one shared in turns (0: dq_atomic)
 
 
@@ -104,7 +107,7 @@ class FlashBwdSm90:
         mLSE: cute.Tensor, mdLSE: cute.Tensor, mdQ: cute.Tensor, mdK: cute.Tensor, mdV: cute.Tensor,
         mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor,
         mSemQ: cute.Tensor,
-        scale_log2: Float32, grad_scale: Float32, num_ctas: Int32,
+        scale_log2: Float32, grad_scale: Float32,
         stream,
     ):
         # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
@@ -114,7 +117,7 @@ class FlashBwdSm90:
         self.main(
             mQ, mK, mV, mdO, mdK, mdV, mLSE2, mD, mdQacc,
             mSemQ,
-            scale_log2, grad_scale, num_ctas, stream,
+            scale_log2, grad_scale, stream,
         )
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
             mdQacc, mdQ, grad_scale, None,
@@ -127,7 +130,7 @@ class FlashBwdSm90:
         self, mQ: cute.Tensor, mK: cute.Tensor, mV: cute.Tensor, mdO: cute.Tensor, mdK: cute.Tensor,
         mdV: cute.Tensor, mLSE2: cute.Tensor, mD: cute.Tensor, mdQacc: cute.Tensor,
         mSemQ: cute.Tensor,
-        scale_log2: Float32, grad_scale: Float32, num_ctas: Int32, stream,
+        scale_log2: Float32, grad_scale: Float32, stream,
     ):
         # (b, s, h, d) -> (s, d, h, b)
         mQ, mK, mV, mdO, mdK, mdV = [
@@ -174,8 +177,6 @@ class FlashBwdSm90:
             mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, DO_STAGES * 2]
-            tile_slot: cute.struct.MemRange[Int32, 1]  # the consumers' current tile, for their epilogue (persistent)
-            sched_slot: cute.struct.MemRange[Int32, SCHED_SLOTS]  # the causal order's per-CTA constants (tile_coords)
             sQ: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[DTYPE, cute.cosize(sK_layout)], 1024]
@@ -186,14 +187,13 @@ class FlashBwdSm90:
             sD: cute.struct.Align[cute.struct.MemRange[Float32, TILE_M * Q_STAGES], 128]
 
         self.shared_storage = SharedStorage
-        # persistent, causal: one CTA per SM (num_ctas, the GPU's SM count), none without a unit of two key blocks
-        # (schedule.paired_units; the tiles are paired only when there are more of them than CTAs)
+        # (head, batch) pairs in groups, pairs fastest: x = pair in its group, y = key block, z = group
         num_n = cute.ceil_div(mK.shape[0], TILE_N)
-        num_tiles = num_n * cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
-        num_units = schedule.paired_units(
-            num_tiles, schedule.pairs_for(num_n, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]), num_ctas)
-        )
-        grid = (cutlass.min(num_units, num_ctas), 1, 1)
+        num_hb = cute.size(mQ.shape[2]) * cute.size(mQ.shape[3])
+        # causal: key blocks ascending (the longest first), groups of pairs about one wave of CTAs wide, so
+        # the grid ends on its shortest CTAs
+        group = schedule.pow2_group(num_hb, cutlass.max(LPT_GROUP_CTAS // num_n, Int32(1)))
+        grid = (group, num_n, num_hb // group)
         self.kernel(
             tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, mdQacc,
             tma_dk, mdK, tma_dv, mdV,
@@ -201,7 +201,7 @@ class FlashBwdSm90:
             mLSE2, mD,
             tiled_mma_sdp, tiled_mma_dk, tiled_mma_dv, tiled_mma_dq,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sPdS_layout, sdQ_layout,
-            scale_log2, grad_scale, num_ctas,
+            scale_log2, grad_scale,
         ).launch(grid=grid, block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -216,32 +216,30 @@ class FlashBwdSm90:
         tiled_mma_dq: cute.TiledMma,
         sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout, sPdS_layout: cute.ComposedLayout, sdQ_layout: cute.Layout,
-        scale_log2: Float32, grad_scale: Float32, num_ctas: Int32,
+        scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        # this CTA's tiles: cta, cta + num_cta, ... of (key block, head, batch), key blocks fastest (tile_coords)
-        cta, _, _ = cute.arch.block_idx()
-        num_cta, _, _ = cute.arch.grid_dim()
-        num_n = cute.ceil_div(mK.shape[0], TILE_N)
-        num_tiles = num_n * mQ.shape[2] * mQ.shape[3]
-        my_tiles = cute.arch.make_warp_uniform((num_tiles - cta + num_cta - 1) // num_cta)
-        # causal: the masked persistent forward's tile order over key blocks (tile_coords); my_tiles counts this
-        # CTA's iterations, its other per-CTA constants go to shared memory (s_sched, below)
-        my_tiles, *tile_schedule = schedule.paired_schedule(cta, num_cta, num_tiles, num_n, mQ.shape[2] * mQ.shape[3])
-        my_tiles = cute.arch.make_warp_uniform(my_tiles)
+        # blockIdx (pair in group, key block, group): see the grid
+        x, y, z = cute.arch.block_idx()
+        gx, _, _ = cute.arch.grid_dim()
+        n_block = cute.arch.make_warp_uniform(y)
+        head, batch = schedule.grouped_pair(x, z, gx, cute.size(mQ.shape[2]))
+        head = cute.arch.make_warp_uniform(head)
+        batch = cute.arch.make_warp_uniform(batch)
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        mQ_s, mdO_s = (t[None, None, head, batch] for t in (mQ, mdO))
+        mdQacc_h = mdQacc[batch, head, None]
+        mK_s, mV_s = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
+        mdK_s, mdV_s = mdK[None, None, head, batch], mdV[None, None, head, batch]
+        mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             # the TMA descriptors' fetch overlaps the barrier set-up (the loads it serves come after it)
             for atom in (tma_q, tma_do, tma_k, tma_v):
                 cpasync.prefetch_descriptor(atom)
         storage = SmemAllocator().allocate(self.shared_storage)
-        # the causal order's per-CTA constants (schedule.paired_schedule), read back by every role at each tile
-        s_sched = storage.sched_slot.get_tensor(cute.make_layout(SCHED_SLOTS))
-        if tidx == 0:
-            for i in cutlass.range_constexpr(SCHED_SLOTS):
-                s_sched[i] = tile_schedule[i]
         consumer_warps = CONSUMERS // 32
         pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
         pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
@@ -256,161 +254,111 @@ class FlashBwdSm90:
         sdQ = storage.sdQ.get_tensor(sdQ_layout)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
         sD = storage.sD.get_tensor(cute.make_layout((TILE_M, Q_STAGES)))
-        # (each role takes each tile's query-block range from the mask: tile_coords, m_range)
+        m_min, m_max = mask.m_block_range(
+            n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
+        )
+        m_min = cute.arch.make_warp_uniform(m_min)
+        m_max = cute.arch.make_warp_uniform(m_max)
 
         if warp_idx // 4 == 0:
             cute.arch.warpgroup_reg_dealloc(REGS_PRODUCER)
             if warp_idx == 0:
-                # Load role, tile after tile: the tile's first Q and dO (into stages its predecessor's blocks have
-                # freed), then its K and V once the previous tile's dK / dV have left their buffers, then the rest
+                # Load role: K and V once, then Q and dO of every query block that sees this key block
+                gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (None, 0))
+                gdO = cute.local_tile(mdO_s, (TILE_M, HEAD_DIM_V), (None, 0))
+                gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (n_block, 0))
+                gV = cute.local_tile(mV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
+                tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
+                tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
+                tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
+                tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
+                if m_max > m_min:
+                    kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                    pipe_kv.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                    cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, Q_STAGES)
                 do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, DO_STAGES)
-                kv_j = Int32(0)  # the tiles so far that loaded K / V (a tile without query blocks loads none)
-                for j in cutlass.range(my_tiles, unroll=1):
-                    tile = cta + j * num_cta
-                    # iteration j of the masked persistent forward's causal order (schedule.paired_tile: units of a (head, batch) pair's
-                    # longest and shortest tile, then a longest-first tail), over key blocks mirrored: its tile m is key block
-                    # num_n - 1 - m, key block 0 (seen by every query block) the longest
-                    # (the order's per-CTA constants read back from shared memory each tile, plain divisions: held in registers across
-                    # the tiles, they spilled in every role, the producer's 24 registers first; CPU SASS)
-                    m_pair, head, batch = schedule.paired_tile(
-                        j, cta, num_cta, num_n, mQ.shape[2], [cute.arch.make_warp_uniform(s_sched[i]) for i in range(SCHED_SLOTS)]
-                    )
-                    n_block = cute.arch.make_warp_uniform(num_n - 1 - m_pair)
-                    head = cute.arch.make_warp_uniform(head)
-                    batch = cute.arch.make_warp_uniform(batch)
-
-                    m_min, m_max = mask.m_block_range(
-                        n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-                    )
-                    m_min = cute.arch.make_warp_uniform(m_min)
-                    m_max = cute.arch.make_warp_uniform(m_max)
-                    # K / V: one stage, so a tile's phase is the parity of the tiles before it that loaded them (the
-                    # producer's starts flipped)
-                    kv_state = pipeline.PipelineState(1, kv_j, Int32(0), (kv_j & 1) ^ 1)
-                    kv_j = kv_j + Int32(m_max > m_min)
-                    head_kv = head // (mQ.shape[2] // mK.shape[2])
-                    mQ_s, mdO_s = (t[None, None, head, batch] for t in (mQ, mdO))
-                    mK_s, mV_s = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
-                    mLSE2_s, mD_s = mLSE2[batch, head, None], mD[batch, head, None]
-                    gQ = cute.local_tile(mQ_s, (TILE_M, HEAD_DIM), (None, 0))
-                    gdO = cute.local_tile(mdO_s, (TILE_M, HEAD_DIM_V), (None, 0))
-                    gK = cute.local_tile(mK_s, (TILE_N, HEAD_DIM), (n_block, 0))
-                    gV = cute.local_tile(mV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
-                    tQsQ, tQgQ = hopper.tma_split(tma_q, sQ, gQ)
-                    tdOsdO, tdOgdO = hopper.tma_split(tma_do, sdO, gdO)
-                    tKsK, tKgK = hopper.tma_split(tma_k, sK, gK)
-                    tVsV, tVgV = hopper.tma_split(tma_v, sV, gV)
-                    for i in cutlass.range(m_max - m_min, unroll=1):
-                        m_block = m_min + i
-                        pipe_q.producer_acquire(q_state)
-                        cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, q_state.index],
-                                  tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                        # the block's LSE2 and D (rows padded to whole tiles by the preprocess: +inf / 0)
-                        with cute.arch.elect_one():
-                            bar = pipe_q.producer_get_barrier(q_state)
-                            for src, dst in ((mLSE2_s, sLSE), (mD_s, sD)):
-                                hopper.load_bulk(dst[None, q_state.index].iterator, src.iterator + m_block * TILE_M, TILE_M * 4, bar)
-                        q_state.advance()
-                        pipe_do.producer_acquire(do_state)
-                        cute.copy(tma_do, tdOgdO[None, m_block], tdOsdO[None, do_state.index],
-                                  tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
-                        do_state.advance()
-                        if i == 0:
-                            pipe_kv.producer_acquire(kv_state)
-                            cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-                            cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                for i in cutlass.range(m_max - m_min, unroll=1):
+                    m_block = m_min + i
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_q, tQgQ[None, m_block], tQsQ[None, q_state.index],
+                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    # the block's LSE2 and D (rows padded to whole tiles by the preprocess: +inf / 0)
+                    with cute.arch.elect_one():
+                        bar = pipe_q.producer_get_barrier(q_state)
+                        for src, dst in ((mLSE2_s, sLSE), (mD_s, sD)):
+                            hopper.load_bulk(dst[None, q_state.index].iterator, src.iterator + m_block * TILE_M, TILE_M * 4, bar)
+                    q_state.advance()
+                    pipe_do.producer_acquire(do_state)
+                    cute.copy(tma_do, tdOgdO[None, m_block], tdOsdO[None, do_state.index],
+                              tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
+                    do_state.advance()
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tiles (one chunk of 64 x DQ_N per warpgroup, in
                 # fragment order) into the fp32 accumulator, one bulk reduce each
-                for j in cutlass.range(my_tiles, unroll=1):
-                    tile = cta + j * num_cta
-                    # iteration j of the masked persistent forward's causal order (schedule.paired_tile: units of a (head, batch) pair's
-                    # longest and shortest tile, then a longest-first tail), over key blocks mirrored: its tile m is key block
-                    # num_n - 1 - m, key block 0 (seen by every query block) the longest
-                    # (the order's per-CTA constants read back from shared memory each tile, plain divisions: held in registers across
-                    # the tiles, they spilled in every role, the producer's 24 registers first; CPU SASS)
-                    m_pair, head, batch = schedule.paired_tile(
-                        j, cta, num_cta, num_n, mQ.shape[2], [cute.arch.make_warp_uniform(s_sched[i]) for i in range(SCHED_SLOTS)]
-                    )
-                    n_block = cute.arch.make_warp_uniform(num_n - 1 - m_pair)
-                    head = cute.arch.make_warp_uniform(head)
-                    batch = cute.arch.make_warp_uniform(batch)
-
-                    m_min, m_max = mask.m_block_range(
-                        n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-                    )
-                    m_min = cute.arch.make_warp_uniform(m_min)
-                    m_max = cute.arch.make_warp_uniform(m_max)
-                    mdQacc_h = mdQacc[batch, head, None]
-                    # pend = 1: this key block stored query block pend_m's dQ chunks first and has not released its
-                    # flag. Released once the bulk copies landed, in the next block before its first tile arrives
-                    # (after the buffers are handed back) or after the last: a CTA polls only at a block's first
-                    # chunk, after that release, so none waits for a flag while holding one back
-                    pend = Int32(0)
-                    pend_m = Int32(0)
-                    for i in cutlass.range(m_max - m_min, unroll=1):
-                        m_block = m_min + i
-                        if cutlass.const_expr(DQ_BUFS == 2):
-                            # a buffer per warpgroup: free both before waiting for either tile, so neither
-                            # warpgroup's hand-off waits for the other's (pending: w0, w1 of the last block)
-                            for w in cutlass.range_constexpr(2):
-                                cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
-                                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
-                        # claim the block's query tile now (lane 0): the atomic's round trip overlaps the consumers'
-                        # GEMMs. claimed: 0 = this key block is the first (it stores both chunks), CLAIM_LANDED or
-                        # more = the first stores have landed (add), else they are in flight (poll, then add)
-                        claimed = Int32(0)
-                        if cute.arch.lane_idx() == 0:
-                            claimed = bwd.claim(bwd.element_ptr(mSemQ, (batch, head, m_block)))
+                # pend = 1: this key block stored query block pend_m's dQ chunks first and has not released its
+                # flag. Released once the bulk copies landed, in the next block before its first tile arrives
+                # (after the buffers are handed back) or after the last: a CTA polls only at a block's first
+                # chunk, after that release, so none waits for a flag while holding one back
+                pend = Int32(0)
+                pend_m = Int32(0)
+                for i in cutlass.range(m_max - m_min, unroll=1):
+                    m_block = m_min + i
+                    if cutlass.const_expr(DQ_BUFS == 2):
+                        # a buffer per warpgroup: free both before waiting for either tile, so neither
+                        # warpgroup's hand-off waits for the other's (pending: w0, w1 of the last block)
                         for w in cutlass.range_constexpr(2):
-                            if cutlass.const_expr(DQ_BUFS == 1):
-                                # one buffer in turns: warpgroup w may write once the previous reduce has read it
-                                cute.arch.cp_async_bulk_wait_group(0, read=True)
-                                cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
-                            if cutlass.const_expr(w == 0):
-                                # the last block's tile, once its buffers are handed back: the key blocks that reach
-                                # it next (a block step or more later, the diagonal staggering them) find it released
-                                if pend != 0:
-                                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                            cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
+                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                    # claim the block's query tile now (lane 0): the atomic's round trip overlaps the consumers'
+                    # GEMMs. claimed: 0 = this key block is the first (it stores both chunks), CLAIM_LANDED or
+                    # more = the first stores have landed (add), else they are in flight (poll, then add)
+                    claimed = Int32(0)
+                    if cute.arch.lane_idx() == 0:
+                        claimed = bwd.claim(bwd.element_ptr(mSemQ, (batch, head, m_block)))
+                    for w in cutlass.range_constexpr(2):
+                        if cutlass.const_expr(DQ_BUFS == 1):
+                            # one buffer in turns: warpgroup w may write once the previous reduce has read it
+                            cute.arch.cp_async_bulk_wait_group(0, read=True)
+                            cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        if cutlass.const_expr(w == 0):
+                            # the last block's tile, once its buffers are handed back: the key blocks that reach
+                            # it next (a block step or more later, the diagonal staggering them) find it released
+                            if pend != 0:
+                                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                                if cute.arch.lane_idx() == 0:
+                                    bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
+                                pend = Int32(0)
+                        cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                        # (not `chunk`: with a chunked mask that is the chunk size)
+                        dq_chunk = (m_block) * 2 + w
+                        # the first key block to reach the tile stores its chunks, the others wait until those
+                        # stores have landed and add: the preprocess leaves the accumulator as it was allocated,
+                        # and the postprocess zeroes the tiles no key block reached (flag still 0)
+                        if cutlass.const_expr(w == 0):
+                            claimed = cute.arch.shuffle_sync(claimed, 0)
+                            if claimed > 0:
+                                if claimed < bwd.CLAIM_LANDED:
                                     if cute.arch.lane_idx() == 0:
-                                        bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
-                                    pend = Int32(0)
-                            cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
-                            # (not `chunk`: with a chunked mask that is the chunk size)
-                            dq_chunk = (m_block) * 2 + w
-                            # the first key block to reach the tile stores its chunks, the others wait until those
-                            # stores have landed and add: the preprocess leaves the accumulator as it was allocated,
-                            # and the postprocess zeroes the tiles no key block reached (flag still 0)
-                            if cutlass.const_expr(w == 0):
-                                claimed = cute.arch.shuffle_sync(claimed, 0)
-                                if claimed > 0:
-                                    if claimed < bwd.CLAIM_LANDED:
-                                        if cute.arch.lane_idx() == 0:
-                                            bwd.wait_landed(bwd.element_ptr(mSemQ, (batch, head, m_block)))
-                                        cute.arch.sync_warp()
-                            with cute.arch.elect_one():
-                                dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
-                                if claimed == 0:
-                                    hopper.store_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
-                                else:
-                                    hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
-                                cute.arch.cp_async_bulk_commit_group()
-                        if claimed == 0:
-                            pend = Int32(1)
-                            pend_m = m_block
-                    # the tile's last dQ tiles read out: the consumers stage its dV in the dQ buffers
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    # (a tile without query blocks hands no dQ tile over, and none arrives: two arrivals in a row would
-                    # overrun the barrier)
-                    if m_max > m_min:
-                        cute.arch.barrier_arrive(barrier_id=DQ_DRAINED_BARRIER, number_of_threads=CONSUMERS + 32)
+                                        bwd.wait_landed(bwd.element_ptr(mSemQ, (batch, head, m_block)))
+                                    cute.arch.sync_warp()
+                        with cute.arch.elect_one():
+                            dq_dst = mdQacc_h.iterator + dq_chunk * (64 * DQ_N)
+                            if claimed == 0:
+                                hopper.store_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
+                            else:
+                                hopper.reduce_add_bulk(dq_dst, sdQ[None, w % DQ_BUFS].iterator, 64 * DQ_N * 4)
+                            cute.arch.cp_async_bulk_commit_group()
+                    if claimed == 0:
+                        pend = Int32(1)
+                        pend_m = m_block
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                if pend != 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    if pend != 0:
-                        cute.arch.cp_async_bulk_wait_group(0, read=False)
-                        if cute.arch.lane_idx() == 0:
-                            bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
-                        pend = Int32(0)
+                    if cute.arch.lane_idx() == 0:
+                        bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
+                    pend = Int32(0)
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
@@ -473,284 +421,221 @@ class FlashBwdSm90:
 
             for mma in (tiled_mma_dk, tiled_mma_dv):
                 mma.set(warpgroup.Field.ACCUMULATE, True)
+            if m_max > m_min:
+                pipe_kv.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, Q_STAGES)
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, DO_STAGES)
-            # the tile's index, for the epilogue's stores: through shared memory, not held in a register across the
-            # query blocks (the consumers are at their register limit there; as the tile record, see above). Written
-            # and read by warp 4 (tidx_c 0 is its lane 0; the epilogue's first barrier orders the two)
-            s_tile = storage.tile_slot.get_tensor(cute.make_layout(1))
-            kv_j = Int32(0)  # the tiles so far that loaded K / V (a tile without query blocks loads none)
-            for j in cutlass.range(my_tiles, unroll=1):
-                # the tile's key block and its query-block range under the mask
-                # iteration j of the masked persistent forward's causal order (schedule.paired_tile: units of a (head, batch) pair's
-                # longest and shortest tile, then a longest-first tail), over key blocks mirrored: its tile m is key block
-                # num_n - 1 - m, key block 0 (seen by every query block) the longest
-                # (the order's per-CTA constants read back from shared memory each tile, plain divisions: held in registers across
-                # the tiles, they spilled in every role, the producer's 24 registers first; CPU SASS)
-                m_pair, head, batch = schedule.paired_tile(
-                    j, cta, num_cta, num_n, mQ.shape[2], [cute.arch.make_warp_uniform(s_sched[i]) for i in range(SCHED_SLOTS)]
+            m_lo, m_hi = mask.m_mask_phases(
+                n_block, m_min, m_max, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
+            )
+            # block-uniform: let them live in uniform registers, not in the consumers' full register file
+            m_lo = cute.arch.make_warp_uniform(m_lo)
+            m_hi = cute.arch.make_warp_uniform(m_hi)
+            for m_block in cutlass.range(m_min, m_lo, unroll=1):
+                pds = (m_block - m_min) % PDS_STAGES
+                # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
+                pipe_q.consumer_wait(q_state)
+                # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
+                # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
+                for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
+                    lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                warpgroup.fence()
+                tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tSrK_0 = tSrK[None, None, None, 0]
+                tSrQ_q = tSrQ[None, None, None, q_state.index]
+                for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                    cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
+                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                pipe_do.consumer_wait(do_state)
+                warpgroup.fence()
+                tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tdPrV_0 = tdPrV[None, None, None, 0]
+                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
+                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
+                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
+                mask.apply_mask_by_key(
+                    s_rc, tScS_rc, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
+                    Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
                 )
-                n_block = cute.arch.make_warp_uniform(num_n - 1 - m_pair)
-                head = cute.arch.make_warp_uniform(head)
-                batch = cute.arch.make_warp_uniform(batch)
-                m_min, m_max = mask.m_block_range(
-                    n_block, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-                )
-                m_min = cute.arch.make_warp_uniform(m_min)
-                m_max = cute.arch.make_warp_uniform(m_max)
-                # the tile's index (key blocks fastest; the epilogue decodes it from s_tile, the trace's row)
-                tile = (batch * mQ.shape[2] + head) * num_n + n_block
-                if tidx_c == 0:
-                    s_tile[0] = tile
-                # the thread's (query, key) coordinates for the mask, from an index LLVM cannot hoist out of the tile
-                # loop (tidx_c plus min(the tile's index, 0), which is 0): hoisted, their per-thread part was held
-                # across every tile and spilled (bf16 d128 causal: 2 LDL/STL, CPU SASS)
-                tScS_t = frag.rows_cols(tiled_mma_sdp.get_slice(tidx_c + cutlass.min(tile, Int32(0))).partition_C(_qk(cS)))
-                # K / V: one stage, so a tile's phase is the parity of the tiles before it that loaded them
-                kv_c = pipeline.PipelineState(1, kv_j, Int32(0), kv_j & 1)
-                if m_max > m_min:
-                    pipe_kv.consumer_wait(kv_c)
-                m_lo, m_hi = mask.m_mask_phases(
-                    n_block, m_min, m_max, TILE_N, TILE_M, seqlen_q, seqlen_k, Int32(-1), Int32(-1), Int32(1), **MASK
-                )
-                # block-uniform: let them live in uniform registers, not in the consumers' full register file
-                m_lo = cute.arch.make_warp_uniform(m_lo)
-                m_hi = cute.arch.make_warp_uniform(m_hi)
-                for m_block in cutlass.range(m_min, m_lo, unroll=1):
-                    pds = (m_block - m_min) % PDS_STAGES
-                    # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
-                    pipe_q.consumer_wait(q_state)
-                    # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
-                    # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
-                    for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
-                        lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                    # D too (see dsum_early)
-                    for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                        dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                    warpgroup.fence()
-                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tSrK_0 = tSrK[None, None, None, 0]
-                    tSrQ_q = tSrQ[None, None, None, q_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                        cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
-                        tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    pipe_do.consumer_wait(do_state)
-                    warpgroup.fence()
-                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tdPrV_0 = tdPrV[None, None, None, 0]
-                    tdPrdO_do = tdPrdO[None, None, None, do_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
-                        cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
-                        tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
-                    mask.apply_mask_by_key(
-                        s_rc, tScS_t, m_block * TILE_M, n_block * TILE_N, seqlen_k, seqlen_k - seqlen_q,
-                        Int32(-1), Int32(-1), Int32(1), **MASK, coords0=tScS0_rc,
-                    )
-                    for c in cutlass.range_constexpr(n_cols):
-                        lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
-                        for r in cutlass.range_constexpr(n_rows):
-                            s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
-                    rP.store(acc_S.load().to(DTYPE))
-                    # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
-                    warpgroup.wait_group(0)
-                    # dSᵀ = Pᵀ * (dPᵀ - D)
-                    for c in cutlass.range_constexpr(n_cols):
-                        dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
-                        for r in cutlass.range_constexpr(n_rows):
-                            # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
-                            dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
-                    rdS.store(acc_dP.load().to(DTYPE))
-                    # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
-                    warpgroup.fence()
-                    tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
-                    for k in cutlass.range_constexpr(TILE_M // 16):
-                        cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(PDS_STAGES == 1):
-                        # the other warpgroup's previous dQ GEMM is done reading sdS
-                        cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                    cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
-                    cute.arch.fence_proxy("async.shared", space="cta")
+                for c in cutlass.range_constexpr(n_cols):
+                    lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
+                    for r in cutlass.range_constexpr(n_rows):
+                        s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
+                rP.store(acc_S.load().to(DTYPE))
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
+                warpgroup.wait_group(0)
+                # dSᵀ = Pᵀ * (dPᵀ - D)
+                for c in cutlass.range_constexpr(n_cols):
+                    dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
+                    for r in cutlass.range_constexpr(n_rows):
+                        # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
+                        dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
+                rdS.store(acc_dP.load().to(DTYPE))
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
+                warpgroup.fence()
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                warpgroup.commit_group()
+                if cutlass.const_expr(PDS_STAGES == 1):
+                    # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                    # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
-                    warpgroup.fence()
-                    tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
-                    tdQrdS_pds = tdQrdS[None, None, None, pds]
-                    tdQrKt_0 = tdQrKt[None, None, None, 0]
-                    for k in cutlass.range_constexpr(TILE_N // 16):
-                        if cutlass.const_expr(DQ_T):
-                            cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
-                        else:
-                            cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
-                        tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    # dK += dSᵀ·Q (dSᵀ from registers) after dQ, so the dQ hand-off runs while dK is in flight
-                    tdKrQt_q = tdKrQt[None, None, None, q_state.index]
-                    for k in cutlass.range_constexpr(TILE_M // 16):
-                        cute.gemm(tiled_mma_dk, acc_dK, tdKrdS[None, None, k], tdKrQt_q[None, None, k], acc_dK)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
-                    # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
-                    if wg_c == 0:
-                        cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
+                cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
+                # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
+                warpgroup.fence()
+                tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
+                tdQrdS_pds = tdQrdS[None, None, None, pds]
+                tdQrKt_0 = tdQrKt[None, None, None, 0]
+                for k in cutlass.range_constexpr(TILE_N // 16):
+                    if cutlass.const_expr(DQ_T):
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
                     else:
-                        cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
+                    tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                # dK += dSᵀ·Q (dSᵀ from registers) after dQ, so the dQ hand-off runs while dK is in flight
+                tdKrQt_q = tdKrQt[None, None, None, q_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdS[None, None, k], tdKrQt_q[None, None, k], acc_dK)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
 
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(q_state)
-                    pipe_do.consumer_release(do_state)
-                    q_state.advance()
-                    do_state.advance()
-                for m_block in cutlass.range(m_lo, m_hi, unroll=1):
-                    pds = (m_block - m_min) % PDS_STAGES
-                    # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
-                    pipe_q.consumer_wait(q_state)
-                    # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
-                    # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
-                    for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
-                        lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                    # D too (see dsum_early)
-                    for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
-                        dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
-                    warpgroup.fence()
-                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tSrK_0 = tSrK[None, None, None, 0]
-                    tSrQ_q = tSrQ[None, None, None, q_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM // 16):
-                        cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
-                        tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    pipe_do.consumer_wait(do_state)
-                    warpgroup.fence()
-                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tdPrV_0 = tdPrV[None, None, None, 0]
-                    tdPrdO_do = tdPrdO[None, None, None, do_state.index]
-                    for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
-                        cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
-                        tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
-                    for c in cutlass.range_constexpr(n_cols):
-                        lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
-                        for r in cutlass.range_constexpr(n_rows):
-                            s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
-                    rP.store(acc_S.load().to(DTYPE))
-                    # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
-                    warpgroup.wait_group(0)
-                    # dSᵀ = Pᵀ * (dPᵀ - D)
-                    for c in cutlass.range_constexpr(n_cols):
-                        dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
-                        for r in cutlass.range_constexpr(n_rows):
-                            # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
-                            dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
-                    rdS.store(acc_dP.load().to(DTYPE))
-                    # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
-                    warpgroup.fence()
-                    tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
-                    for k in cutlass.range_constexpr(TILE_M // 16):
-                        cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
-                    warpgroup.commit_group()
-                    if cutlass.const_expr(PDS_STAGES == 1):
-                        # the other warpgroup's previous dQ GEMM is done reading sdS
-                        cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                    cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
-                    cute.arch.fence_proxy("async.shared", space="cta")
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                pipe_do.consumer_release(do_state)
+                q_state.advance()
+                do_state.advance()
+            for m_block in cutlass.range(m_lo, m_hi, unroll=1):
+                pds = (m_block - m_min) % PDS_STAGES
+                # Sᵀ = K·Qᵀ, then dPᵀ = V·dOᵀ
+                pipe_q.consumer_wait(q_state)
+                # this block's LSE2 (its Q stage's) into registers before the GEMMs are issued: read after
+                # the wait for Sᵀ, its shared-memory latency stalled the exp2 stream (Nsight, session 37)
+                for c in cutlass.range_constexpr(min(n_cols, LSE2_HELD)):
+                    lse2[c] = sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                # D too (see dsum_early)
+                for c in cutlass.range_constexpr(min(n_cols, DSUM_HELD)):
+                    dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
+                warpgroup.fence()
+                tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tSrK_0 = tSrK[None, None, None, 0]
+                tSrQ_q = tSrQ[None, None, None, q_state.index]
+                for k in cutlass.range_constexpr(HEAD_DIM // 16):
+                    cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
+                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                pipe_do.consumer_wait(do_state)
+                warpgroup.fence()
+                tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
+                tdPrV_0 = tdPrV[None, None, None, 0]
+                tdPrdO_do = tdPrdO[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
+                    cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
+                    tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                # Pᵀ = exp2(Sᵀ * scale_log2 - LSE2), masked scores -> 0
+                for c in cutlass.range_constexpr(n_cols):
+                    lse_c = (lse2[c] if c < LSE2_HELD else sLSE[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
+                    for r in cutlass.range_constexpr(n_rows):
+                        s_rc[r, c] = cute.math.exp2(s_rc[r, c] * scale_log2 - lse_c, fastmath=True)
+                rP.store(acc_S.load().to(DTYPE))
+                # dV is issued once dS is formed (dv_after_ds): ptxas moves this wait into the exp2 stream
+                warpgroup.wait_group(0)
+                # dSᵀ = Pᵀ * (dPᵀ - D)
+                for c in cutlass.range_constexpr(n_cols):
+                    dsum_c = (dsum[c] if c < DSUM_HELD else sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index])
+                    for r in cutlass.range_constexpr(n_rows):
+                        # the fp32 Pᵀ (its bf16 copy read back would cost unpacked conversions)
+                        dp_rc[r, c] = s_rc[r, c] * (dp_rc[r, c] - dsum_c)
+                rdS.store(acc_dP.load().to(DTYPE))
+                # dV += Pᵀ·dO (Pᵀ from registers), in flight while dSᵀ goes to shared memory and dQ / dK are issued
+                warpgroup.fence()
+                tdVrdOt_do = tdVrdOt[None, None, None, do_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dv, acc_dV, tdVrP[None, None, k], tdVrdOt_do[None, None, k], acc_dV)
+                warpgroup.commit_group()
+                if cutlass.const_expr(PDS_STAGES == 1):
+                    # the other warpgroup's previous dQ GEMM is done reading sdS
                     cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
-                    # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
-                    warpgroup.fence()
-                    tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
-                    tdQrdS_pds = tdQrdS[None, None, None, pds]
-                    tdQrKt_0 = tdQrKt[None, None, None, 0]
-                    for k in cutlass.range_constexpr(TILE_N // 16):
-                        if cutlass.const_expr(DQ_T):
-                            cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
-                        else:
-                            cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
-                        tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
-                    warpgroup.commit_group()
-                    # dK += dSᵀ·Q (dSᵀ from registers) after dQ, so the dQ hand-off runs while dK is in flight
-                    tdKrQt_q = tdKrQt[None, None, None, q_state.index]
-                    for k in cutlass.range_constexpr(TILE_M // 16):
-                        cute.gemm(tiled_mma_dk, acc_dK, tdKrdS[None, None, k], tdKrQt_q[None, None, k], acc_dK)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
-                    # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
-                    if wg_c == 0:
-                        cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
+                cute.copy(copy_ds, thr_ds.retile(rdS), tdSsdS[None, None, None, pds])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=PDS_BARRIER, number_of_threads=CONSUMERS)
+                # dQ = dS·K (dQᵀ = Kᵀ·dSᵀ with 80-row tiles) over all keys of the block (both warpgroups' dSᵀ rows)
+                warpgroup.fence()
+                tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
+                tdQrdS_pds = tdQrdS[None, None, None, pds]
+                tdQrKt_0 = tdQrKt[None, None, None, 0]
+                for k in cutlass.range_constexpr(TILE_N // 16):
+                    if cutlass.const_expr(DQ_T):
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
                     else:
-                        cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                        cute.gemm(tiled_mma_dq, acc_dQ, tdQrdS_pds[None, None, k], tdQrKt_0[None, None, k], acc_dQ)
+                    tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, True)
+                warpgroup.commit_group()
+                # dK += dSᵀ·Q (dSᵀ from registers) after dQ, so the dQ hand-off runs while dK is in flight
+                tdKrQt_q = tdKrQt[None, None, None, q_state.index]
+                for k in cutlass.range_constexpr(TILE_M // 16):
+                    cute.gemm(tiled_mma_dk, acc_dK, tdKrdS[None, None, k], tdKrQt_q[None, None, k], acc_dK)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                cute.arch.barrier(barrier_id=DQ_EMPTY_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
+                # buffer wg_c % DQ_BUFS, chosen by a branch so both address sets stay static
+                if wg_c == 0:
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w)
+                else:
+                    cute.copy(copy_dq, tdQrdQ, tdQsdQ_w1)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=DQ_FULL_BARRIER + wg_c, number_of_threads=DQ_HANDOFF)
 
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(q_state)
-                    pipe_do.consumer_release(do_state)
-                    q_state.advance()
-                    do_state.advance()
-
-                # the tile's last GEMMs have been waited for (each block ends with wait_group(0)): K's and V's buffers
-                # go back to the producer now, so the next tile's K / V load while dK / dV go out through the dS
-                # buffers (plan.dkv_staging)
-                if m_max > m_min:
-                    pipe_kv.consumer_release(kv_c)
-                # Epilogue: dK (scaled) and dV of this key block
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                acc_dK.store(acc_dK.load() * grad_scale)
-                rdK = cute.make_rmem_tensor(acc_dK.layout, DTYPE)
-                rdK.store(acc_dK.load().to(DTYPE))
-                rdV = cute.make_rmem_tensor(acc_dV.layout, DTYPE)
-                rdV.store(acc_dV.load().to(DTYPE))
-                # the stores' shared-memory addresses from an index LLVM cannot hoist out of the tile loop: tidx_c plus
-                # min(the tile's index, 0), which is 0. Hoisted, they were held across every tile's query blocks and
-                # spilled (fp16 d128: 5 addresses, CPU SASS)
-                tidx_e = tidx_c + cutlass.min(s_tile[0], Int32(0))
-                # dK in the dS buffers, dV in the dQ buffers once the dQ warp has read the tile's last dQ tiles out
-                stage_ptr = storage.sdS.data_ptr()
-                sdK_st = cute.make_tensor(cute.recast_ptr(stage_ptr, sK_layout.inner, dtype=DTYPE), sK_layout.outer)
-                sdV_st = cute.make_tensor(
-                    cute.recast_ptr(storage.sdQ.data_ptr(), sV_layout.inner, dtype=DTYPE), sV_layout.outer
-                )
-                if m_max > m_min:  # (a tile without query blocks handed no dQ tile over since the last wait)
-                    cute.arch.barrier(barrier_id=DQ_DRAINED_BARRIER, number_of_threads=CONSUMERS + 32)
-                outs = ((tiled_mma_dk, rdK, sdK_st, tma_dk, mdK, HEAD_DIM), (tiled_mma_dv, rdV, sdV_st, tma_dv, mdV, HEAD_DIM_V))
-                for phase in cutlass.range_constexpr(1):
-                    part = outs
-                    if cutlass.const_expr(phase > 0):
-                        # warp 4 past dK's store's read of the buffer (phase 0: the epilogue's first barrier, above)
-                        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                    for mma, r, s, _, _, _ in part:
-                        copy_r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), mma)
-                        thr_r2s = copy_r2s.get_slice(tidx_e)
-                        cute.copy(copy_r2s, thr_r2s.retile(r), thr_r2s.partition_D(s)[None, None, None, 0])
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
-                    if warp_idx == 4:
-                        tile = s_tile[0]
-                        n_block = cute.arch.make_warp_uniform(tile % num_n)
-                        head = cute.arch.make_warp_uniform(tile // num_n % mQ.shape[2])
-                        batch = cute.arch.make_warp_uniform(tile // num_n // mQ.shape[2])
-                        for _, _, s, tma, m_out, width in part:
-                            g_out = cute.local_tile(m_out[None, None, head, batch], (TILE_N, width), (n_block, 0))
-                            ts, tg = hopper.tma_split(tma, s, g_out)
-                            cute.copy(tma, ts[None, 0], tg)
-                        cute.arch.cp_async_bulk_commit_group()
-                        cute.arch.cp_async_bulk_wait_group(0, read=True)
-                # the last store has read the dS buffers before the next tile writes them
-                cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(q_state)
+                pipe_do.consumer_release(do_state)
+                q_state.advance()
+                do_state.advance()
 
 
-                acc_dK.fill(0.0)
-                acc_dV.fill(0.0)
-                kv_j = cute.arch.make_warp_uniform(kv_j + Int32(m_max > m_min))
+            # Epilogue: dK (scaled) and dV of this key block
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+            # dK, dV -> smem (reusing the K and V buffers) -> TMA store
+            acc_dK.store(acc_dK.load() * grad_scale)
+            rdK = cute.make_rmem_tensor(acc_dK.layout, DTYPE)
+            rdK.store(acc_dK.load().to(DTYPE))
+            rdV = cute.make_rmem_tensor(acc_dV.layout, DTYPE)
+            rdV.store(acc_dV.load().to(DTYPE))
+            for mma, r, s in ((tiled_mma_dk, rdK, sK), (tiled_mma_dv, rdV, sV)):
+                copy_r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), DTYPE), mma)
+                thr_r2s = copy_r2s.get_slice(tidx_c)
+                cute.copy(copy_r2s, thr_r2s.retile(r), thr_r2s.partition_D(s)[None, None, None, 0])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=EPILOGUE_BARRIER, number_of_threads=CONSUMERS)
+            if warp_idx == 4:
+                gdK = cute.local_tile(mdK_s, (TILE_N, HEAD_DIM), (n_block, 0))
+                gdV = cute.local_tile(mdV_s, (TILE_N, HEAD_DIM_V), (n_block, 0))
+                tdKsdK, tdKgdK = hopper.tma_split(tma_dk, sK, gdK)
+                tdVsdV, tdVgdV = hopper.tma_split(tma_dv, sV, gdV)
+                cute.copy(tma_dk, tdKsdK[None, 0], tdKgdK)
+                cute.copy(tma_dv, tdVsdV[None, 0], tdVgdV)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
 
 
@@ -767,6 +652,6 @@ def fake_arguments():
         *fake.padded_stats(b, h_q),
         fake.accumulator(b, h_q),
         fake.semaphores(b, h_q, n_m),
-        Float32(1.0), Float32(1.0), Int32(132),
+        Float32(1.0), Float32(1.0),
         fake.stream(),
     )
