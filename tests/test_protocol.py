@@ -31,6 +31,7 @@ import pytest
 from fa4gen.builder import render_spec
 from fa4gen.plan import plan_kernels, protocol
 from fa4gen.plan.protocol import ProtocolError
+from fa4gen.plan.sm90 import plan_backward as plan_sm90_backward
 from fa4gen.device import sm90
 from fa4gen.spec import load_spec, spec_from_dict
 
@@ -615,6 +616,12 @@ def _bwd(d, mask=None, **kw):
 BWD_PLANS = [_bwd(d, mask, allow_gqa=False, softcap=sc)
              for d, mask, sc in [(64, None, 0.0), (96, None, 0.0), (128, None, 0.0), (128, None, 20.0),
                                  (128, {"kind": "causal"}, 0.0), (64, {"kind": "causal"}, 0.0)]]
+# the d128 causal kernel persistent as plan_backward(masked_persistent=True) builds it (tools/bwd_timeline.py
+# --persistent): the planner keeps it one CTA per tile since session 68, but the form stays modelled and measurable
+assert BWD_PLANS[4].scheduler == "grid"
+BWD_PLANS[4] = plan_sm90_backward(spec_from_dict(dict(name="pb", targets=["sm90"], dtype="bf16", head_dim=128,
+                                                       mask={"kind": "causal"}, backward=True, allow_gqa=False)),
+                                  masked_persistent=True)
 
 
 def _bwd_fails(plan, edit, tiles=(3, 3, 3), seeds=range(30)):
