@@ -717,7 +717,7 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
     # deterministic nor varlen, dQ through the hand-off with the claim (session 66: +0.9% at s512-2k, +3.7-4.0% at s8k;
     # docs/STATUS.md "Where to start" item 1)
     # Causal too (session 67's docs/patches, GPU-run in session 68), in the masked persistent forward's causal order
-    # mirrored, where the staged epilogue below has no barrier (below)
+    # mirrored, where its staged epilogue has no barrier (head dims <= 64; see the plan's end)
     persistent = (swap and spec.mask.kind in ("none", "causal") and not spec.varlen and not spec.deterministic
                   and not spec.allow_gqa and claim and allow_persistent)
     if persistent:
