@@ -977,7 +977,7 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
 @pytest.mark.parametrize("dims", [(64, None), (96, None), (128, None)])
 def test_backward_is_persistent_for_mha_without_a_mask(dims):
     """The persistent backward (one CTA per SM over the key-block tiles, round-robin) is planned for the Sᵀ MHA
-    kernels without a mask (every tile the same work) or causal (longest first), neither deterministic nor varlen,
+    kernels without a mask (every tile the same work) or causal at head dims <= 64 (the paired order), neither deterministic nor varlen,
     dQ through the hand-off.
     allow_gqa specs get it in their MHA twin (bwd_sm90_mha) only; every other backward keeps one CTA per tile."""
     def bwd(mask=None, pipe=None, module="bwd_sm90", **kw):

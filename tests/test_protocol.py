@@ -602,7 +602,7 @@ def test_persistent_sm90_producer_loads_the_first_k_before_q():
         assert k_first == (plan.scheduler == "persistent"), plan.module
 
 
-# --- the SM90 backward (dQ warp path): one tile per CTA, and persistent (docs/patches 0002's design) ----------------
+# --- the SM90 backward (dQ warp path): one tile per CTA, and persistent (since session 66) ---------------------
 
 def _bwd(d, mask=None, **kw):
     """The spec's bwd_sm90 plan (with allow_gqa: the fp32-workspace GQA one, not its MHA twin nor docs/patches

@@ -18,7 +18,7 @@ and a read that sees data other than what the program meant to read (tokens).
 The forward models (`sm90_programs`, `sm100_programs`) refuse a backward plan (`forward_only`) rather than pass
 it; the SM90 backward has its own (`sm90_bwd_programs`), for the dQ-warp path its default plans without
 determinism or dK/dV workspaces take: the K / V, Q and dO pipelines, the dQ hand-off's named barriers, the
-P / dS barrier, the epilogue that stages dK / dV in K's and V's buffers, and (persistent, docs/patches 0002)
+P / dS barrier, the epilogue that stages dK / dV in K's and V's buffers, and (persistent, since session 66)
 several tiles per CTA, whose epilogue stages them in the dS (and dQ) buffers instead (`plan.dkv_staging`).
 """
 
@@ -1028,7 +1028,7 @@ def sm90_bwd_named_barriers(plan):
 def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
     """One SM90 backward CTA over its (key block) tiles, each `tiles[t]` query blocks; mirrors
     templates/sm90/bwd.py.j2 (the load role, the dQ role, swapped_block, dq_handoff, dkv_epilogue). One CTA per
-    tile: K and V load first and are never released. Persistent (`plan.scheduler`, docs/patches 0002): the
+    tile: K and V load first and are never released. Persistent (`plan.scheduler`, since session 66): the
     pipeline states run on across tiles, the producer loads a tile's first Q and dO before its K and V, and the
     consumers release K / V as soon as the tile's last GEMMs are done, its dK / dV going out through the dS
     buffers (`plan.dkv_staging`: TMA stores by warpgroup 0's first warp, in one or two phases), or, where those
