@@ -958,8 +958,12 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
             assert loop.min_kv_ctas == GQA_HEAD_LOOP_MIN_CTAS and not plans["bwd_sm90"].gqa_head_loop
             same = {f.name for f in dataclasses.fields(KernelPlan)} - {
                 "module", "allow_gqa", "gqa_head_loop", "min_kv_ctas", "mha_only", "notes", "scheduler",
-                "persistent_ctas"}
+                "persistent_ctas", "kv_stages", "smem_bytes", "budgets"}
             assert all(getattr(loop, f) == getattr(mha, f) for f in same), (hd, mask)
+            # the persistent MHA twin's second K / V stage (where it fits: d <= 96) is its only extra shared memory
+            kv_bytes = loop.tile_n * (loop.head_dim + loop.head_dim_v) * 2
+            assert loop.kv_stages == 1 and mha.kv_stages in (1, 2)
+            assert mha.smem_bytes == loop.smem_bytes + (mha.kv_stages - 1) * (kv_bytes + 16), (hd, mask)
             # one CTA per (key block, kv head, batch): never the MHA twin's persistent loop (no mask)
             assert (loop.scheduler, loop.persistent_ctas) == ("grid", 0)
             # causal: only where dK / dV stage without barriers (dS stage 1: head dims <= 64; session 68)
@@ -1002,10 +1006,41 @@ def test_backward_is_persistent_for_mha_without_a_mask(dims):
         assert (causal.scheduler, causal.persistent_ctas) == ("persistent", 132) and causal.dkv_staging.stage0 == 1
     else:
         assert (causal.scheduler, causal.persistent_ctas) == ("grid", 0) and forced.dkv_staging.dv_in_dq
-        assert causal == dataclasses.replace(forced, scheduler="grid", persistent_ctas=0, notes=causal.notes)
+        # (the forced form's second K / V stage where it fits, d96, is all else that differs)
+        assert causal.kv_stages == 1
+        assert causal == dataclasses.replace(forced, scheduler="grid", persistent_ctas=0, notes=causal.notes,
+                                             kv_stages=1, smem_bytes=causal.smem_bytes, budgets=causal.budgets)
     others = [bwd(deterministic=True, allow_gqa=False),
               bwd(varlen=True, allow_gqa=False), bwd(pipe={"bwd_dq_atomic": True}, allow_gqa=False),
               bwd(pipe={"bwd_swap_ab": False}, allow_gqa=False),
               bwd({"kind": "sliding_window", "left": 64, "right": 0}, allow_gqa=False)]
     assert [(p.scheduler, p.persistent_ctas) for p in others] == [("grid", 0)] * len(others)
     assert bwd(softcap=20.0, allow_gqa=False).scheduler == ("grid" if dims[0] <= 64 else "persistent")  # d64: S layout
+
+
+def test_persistent_backward_gets_a_second_kv_stage_where_it_fits():
+    """The persistent backward with dK / dV staged outside K's and V's buffers loads the next tile's K / V into a
+    second stage where the shared memory allows it (d <= 96; d128's 230,736 bytes leave no room for 64 KB more):
+    session 68's timeline read ~2-2.5 us a tile of K / V wait behind the one stage's hand-back. One CTA per tile, GQA
+    and the K / V-buffer epilogue keep one stage."""
+    from fa4gen.plan.sm90 import SMEM_BUDGET, plan_backward
+
+    def bwd(d, mask="none", **kw):
+        return plan_backward(spec_from_dict(_spec_dict(0, (d, None), "bf16", {"kind": mask}, {}, backward=True,
+                                                       allow_gqa=False, **kw)))
+
+    for d, mask, stages in [(16, "none", 2), (64, "none", 2), (64, "causal", 2), (96, "none", 2), (128, "none", 1),
+                            (128, "causal", 1)]:
+        plan = bwd(d, mask)
+        assert plan.kv_stages == stages, (d, mask)
+        assert plan.smem_bytes <= SMEM_BUDGET
+        assert (stages == 2) == any(n.startswith("K / V in two stages") for n in plan.notes), (d, mask)
+        if stages == 2:
+            assert plan.scheduler == "persistent" and plan.dkv_staging.phases
+            # the one-CTA-per-tile plan of the same spec: one stage, and exactly one K / V stage (+ 2 mbarriers) less
+            grid = plan_backward(spec_from_dict(_spec_dict(0, (d, None), "bf16", {"kind": mask}, {}, backward=True,
+                                                           allow_gqa=False)), allow_persistent=False)
+            assert grid.kv_stages == 1 and plan.smem_bytes == grid.smem_bytes + plan.tile_n * 2 * d * 2 + 16
+            assert next(b.used for b in plan.budgets if b.name == "shared memory per CTA") == plan.smem_bytes
+    assert bwd(64, deterministic=True).kv_stages == 1 and bwd(64, varlen=True).kv_stages == 1
+    assert bwd(96, softcap=20.0).kv_stages == 2

@@ -631,7 +631,10 @@ def _bwd_fails(plan, edit, tiles=(3, 3, 3), seeds=range(30)):
 
 
 def _persistent(plan, **stages):
-    return dataclasses.replace(plan, scheduler="persistent", persistent_ctas=132, **stages)
+    """`plan` persistent with other stage counts; one K / V stage where dK / dV then go through K's and V's buffers
+    (plan_backward's second K / V stage needs the staging: `_second_kv_stage`)."""
+    p = dataclasses.replace(plan, scheduler="persistent", persistent_ctas=132, **stages)
+    return p if p.dkv_staging.phases or "kv_stages" in stages else dataclasses.replace(p, kv_stages=1)
 
 
 @pytest.mark.parametrize("plan", [pytest.param(p, id=f"d{p.head_dim}-{p.mask_kind}-m{p.tile_m}-sc{int(p.softcap)}")
@@ -773,7 +776,7 @@ def test_sm90_backward_missing_epilogue_barriers_are_caught(which):
     plan = BWD_PLANS[abs(which)]
     if which < 0:  # one CTA per tile: the epilogue through K's and V's buffers
         plan = dataclasses.replace(plan, scheduler="grid", persistent_ctas=0)
-    buf = "sd(S\\[\\d\\]\\.\\d|Q\\[\\d\\])" if plan.dkv_staging.phases else "s[KV]"
+    buf = "sd(S\\[\\d\\]\\.\\d|Q\\[\\d\\])" if plan.dkv_staging.phases else "s[KV]\\[0\\]"
     errors = _bwd_fails(plan, lambda role, op: None if op.kind == "bar_sync" and op.stage == 1 else op, tiles=(4,),
                         seeds=range(100))
     assert errors and all(re.search(rf"reads {buf} expecting|writes {buf} while a TMA store still reads it", e)

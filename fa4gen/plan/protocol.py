@@ -1002,8 +1002,8 @@ def sm90_bwd_pipelines(plan):
     do_bytes = plan.tile_m * plan.head_dim_v * 2
     kv_bytes = plan.tile_n * (plan.head_dim + plan.head_dim_v) * 2
     return (
-        PipelineSpec("kv", "PipelineTmaAsync", "producer", ("consumer",), 1, 1, 8, tx_bytes=kv_bytes,
-                     purpose="the key block's K and V: once per tile"),
+        PipelineSpec("kv", "PipelineTmaAsync", "producer", ("consumer",), plan.kv_stages, 1, 8, tx_bytes=kv_bytes,
+                     purpose="the key block's K and V: once per tile (persistent: in plan.kv_stages stages)"),
         PipelineSpec("q", "PipelineTmaAsync", "producer", ("consumer",), plan.q_stages, 1, 8, tx_bytes=q_bytes,
                      purpose="Q (and its LSE2 / D rows) per query block"),
         PipelineSpec("do", "PipelineTmaAsync", "producer", ("consumer",), plan.do_stages, 1, 8, tx_bytes=do_bytes,
@@ -1043,6 +1043,10 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
         # a tile without query blocks loads no K / V, so its epilogue may not go through K's and V's buffers while
         # the next tile's load lands there (fa4gen.plan.sm90.plan_backward plans no such kernel)
         raise ValueError(f"{plan.name}: a masked persistent backward stages dK / dV in the dS buffers (dkv_staging)")
+    if plan.kv_stages > 1 and not (persistent and plan.dkv_staging.phases):
+        # the epilogue through K's and V's buffers (stage 0) assumes one stage (plan_backward plans two only with
+        # dK / dV staged elsewhere, persistent)
+        raise ValueError(f"{plan.name}: two K / V stages need the persistent loop with dK / dV staged (dkv_staging)")
     P = {p.name: p for p in sm90_bwd_pipelines(plan)}
     BUFS, PDS = plan.dq_buffers, plan.pds_stages
     EMPTY, FULL, HAND = SM90_BWD_DQ_EMPTY_BARRIER, SM90_BWD_DQ_FULL_BARRIER, SM90_BWD_DQ_HANDOFF
@@ -1066,7 +1070,7 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
             s, ph = kv.next()
             yield acquire("kv", s, ph, tx=P["kv"].tx_bytes)
             # K's and V's copies, one stage: modelled as one copy landing both
-            yield Op("tma", "kv", s, writes=(("sK", ("K", t)), ("sV", ("V", t))), bytes=P["kv"].tx_bytes)
+            yield Op("tma", "kv", s, writes=((f"sK[{s}]", ("K", t)), (f"sV[{s}]", ("V", t))), bytes=P["kv"].tx_bytes)
 
         for t, m in enumerate(tiles):
             if not persistent and m:
@@ -1108,15 +1112,15 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 pds = i % PDS
                 qs, qph = q.next()
                 yield wait("q", qs, qph)
-                yield read(("sK", ("K", t)), (f"sQ[{qs}]", ("Q", t, i)), note=f"Sᵀ = K·Qᵀ (wg {c})")
+                yield read((f"sK[{kvs[0]}]", ("K", t)), (f"sQ[{qs}]", ("Q", t, i)), note=f"Sᵀ = K·Qᵀ (wg {c})")
                 ds, dph = do.next()
                 yield wait("do", ds, dph)
-                yield read(("sV", ("V", t)), (f"sdO[{ds}]", ("dO", t, i)), note=f"dPᵀ = V·dOᵀ (wg {c})")
+                yield read((f"sV[{kvs[0]}]", ("V", t)), (f"sdO[{ds}]", ("dO", t, i)), note=f"dPᵀ = V·dOᵀ (wg {c})")
                 if PDS == 1:  # the previous block's dQ GEMMs (both warpgroups) are done reading sdS
                     yield bar_sync(SM90_BWD_PDS_BARRIER, 256, 128)
                 yield write((f"sdS[{pds}].{c}", ("dS", t, i, c)))
                 yield bar_sync(SM90_BWD_PDS_BARRIER, 256, 128)
-                yield read((f"sdS[{pds}].0", ("dS", t, i, 0)), (f"sdS[{pds}].1", ("dS", t, i, 1)), ("sK", ("K", t)),
+                yield read((f"sdS[{pds}].0", ("dS", t, i, 0)), (f"sdS[{pds}].1", ("dS", t, i, 1)), (f"sK[{kvs[0]}]", ("K", t)),
                            note=f"dQ = dS·K (wg {c})")
                 yield read((f"sQ[{qs}]", ("Q", t, i)), (f"sdO[{ds}]", ("dO", t, i)), note=f"dK, dV (wg {c})")
                 # dq_handoff: the warpgroup's dQ tile into its buffer once the dQ warp has read it out
@@ -1152,11 +1156,11 @@ def sm90_bwd_programs(plan, tiles) -> dict[str, Iterator[Op]]:
                 continue
             # dkv_epilogue: dK / dV over K's and V's buffers, stored by warpgroup 0's first warp
             yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
-            yield write(("sK", ("dK", t)), ("sV", ("dV", t)))
+            yield write(("sK[0]", ("dK", t)), ("sV[0]", ("dV", t)))
             yield bar_sync(SM90_BWD_EPILOGUE_BARRIER, 256, 128)
             if c == 0:
-                yield tma_store("sK", ("dK", t))
-                yield tma_store("sV", ("dV", t))
+                yield tma_store("sK[0]", ("dK", t))
+                yield tma_store("sV[0]", ("dV", t))
                 yield store_wait_le(0)
             if persistent and m:
                 yield release("kv", kvs[0], 4)

@@ -773,7 +773,25 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
         plan = replace(plan, scheduler="grid", persistent_ctas=0, notes=plan.notes[:-1])
     elif persistent:
         plan = replace(plan, notes=plan.notes + (_staging_note(plan.dkv_staging),))
+        plan = _second_kv_stage(plan)
     return plan
+
+
+def _second_kv_stage(plan: KernelPlan) -> KernelPlan:
+    """The persistent backward with dK / dV staged outside K's and V's buffers gets a second K / V stage where it fits
+    the shared memory: the producer then loads the next tile's K / V as soon as its first Q / dO are issued (during
+    the current tile's last blocks) instead of after the consumers hand the one stage back at the tile's end. Session
+    68's timeline: with one stage the next tile's K / V take ~2-2.5 us to land from that hand-back, and a shorter
+    epilogue (docs/patches 0001, the store warp) only moved that much time into the K / V wait. d64 / d96 fit (d128
+    does not: 230,736 + 65,536 bytes)."""
+    kv_bytes = plan.tile_n * (plan.head_dim + plan.head_dim_v) * 2
+    smem = plan.smem_bytes + kv_bytes + 2 * 8  # one more stage and its two mbarriers
+    if not plan.dkv_staging.phases or smem > SMEM_BUDGET:
+        return plan
+    budgets = tuple(replace(b, used=smem) if b.name == "shared memory per CTA" else b for b in plan.budgets)
+    note = ("K / V in two stages: the next tile's load overlaps the current tile's last blocks (one stage: it waited "
+            "for the tile's end)")
+    return replace(plan, kv_stages=2, smem_bytes=smem, budgets=budgets, notes=plan.notes + (note,))
 
 
 def _staging_note(staging) -> str:
