@@ -37,6 +37,7 @@ TILE_N = 128
 Q_STAGES = 2
 DO_STAGES = 2
 PDS_STAGES = 2
+KV_STAGES = 2  # persistent with staged dK / dV where they fit: the next tile's K / V load early
 THREADS = 384
 REGS_PRODUCER = 24
 REGS_CONSUMER = 240
@@ -147,8 +148,8 @@ class FlashBwdSm90:
         sQ_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM, HEAD_DIM // DKV_SPLIT, Q_STAGES)
         sdO_layout = _smem_layout(DTYPE, TILE_M, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, DO_STAGES)
         # K serves dQ's GEMM (DQ_N columns per warpgroup) and takes dK in the epilogue (HEAD_DIM // DKV_SPLIT)
-        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else min(DQ_N, HEAD_DIM // DKV_SPLIT), 1)
-        sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, 1)
+        sK_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM, 64 if DQ_T else min(DQ_N, HEAD_DIM // DKV_SPLIT), KV_STAGES)
+        sV_layout = _smem_layout(DTYPE, TILE_N, HEAD_DIM_V, HEAD_DIM_V // DKV_SPLIT, KV_STAGES)
         sPdS_layout = _smem_layout(DTYPE, TILE_N, TILE_M, TILE_M, PDS_STAGES)  # dSᵀ: keys x queries
         # one warpgroup's dQ chunk per buffer (flat); allocated only if the plan has buffers
         sdQ_layout = cute.make_layout((64 * DQ_N, max(DQ_BUFS, 1)))
@@ -170,7 +171,7 @@ class FlashBwdSm90:
 
         @cute.struct
         class SharedStorage:
-            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, KV_STAGES * 2]
             mbar_q: cute.struct.MemRange[cutlass.Int64, Q_STAGES * 2]
             mbar_do: cute.struct.MemRange[cutlass.Int64, DO_STAGES * 2]
             tile_slot: cute.struct.MemRange[Int32, 1]  # the consumers' current tile, for their epilogue (persistent)
@@ -242,7 +243,7 @@ class FlashBwdSm90:
             for i in cutlass.range_constexpr(SCHED_SLOTS):
                 s_sched[i] = tile_schedule[i]
         consumer_warps = CONSUMERS // 32
-        pipe_kv = hopper.tma_pipeline(storage.mbar_kv, 1, self.kv_bytes, consumer_warps)
+        pipe_kv = hopper.tma_pipeline(storage.mbar_kv, KV_STAGES, self.kv_bytes, consumer_warps)
         pipe_q = hopper.tma_pipeline(storage.mbar_q, Q_STAGES, self.q_bytes, consumer_warps)
         pipe_do = hopper.tma_pipeline(storage.mbar_do, DO_STAGES, self.do_bytes, consumer_warps)
         cute.arch.mbarrier_init_fence()
@@ -284,9 +285,9 @@ class FlashBwdSm90:
                     )
                     m_min = cute.arch.make_warp_uniform(m_min)
                     m_max = cute.arch.make_warp_uniform(m_max)
-                    # K / V: one stage, so a tile's phase is the parity of the tiles before it that loaded them (the
-                    # producer's starts flipped)
-                    kv_state = pipeline.PipelineState(1, kv_j, Int32(0), (kv_j & 1) ^ 1)
+                    # K / V: a tile's stage and phase from the count of the tiles before it that loaded them (the
+                    # producer's phases start flipped)
+                    kv_state = pipeline.PipelineState(KV_STAGES, kv_j, kv_j % KV_STAGES, (kv_j // KV_STAGES & 1) ^ 1)
                     kv_j = kv_j + Int32(m_max > m_min)
                     head_kv = head // (mQ.shape[2] // mK.shape[2])
                     mQ_s, mdO_s = (t[None, None, head, batch] for t in (mQ, mdO))
@@ -317,8 +318,8 @@ class FlashBwdSm90:
                         do_state.advance()
                         if i == 0:
                             pipe_kv.producer_acquire(kv_state)
-                            cute.copy(tma_k, tKgK, tKsK[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-                            cute.copy(tma_v, tVgV, tVsV[None, 0], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                            cute.copy(tma_k, tKgK, tKsK[None, kv_state.index], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+                            cute.copy(tma_v, tVgV, tVsV[None, kv_state.index], tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
             if warp_idx == 1:
                 # dQ role: add each query block's dQ tiles (one chunk of 64 x DQ_N per warpgroup, in
                 # fragment order) into the fp32 accumulator, one bulk reduce each
@@ -499,8 +500,8 @@ class FlashBwdSm90:
                 # loop (tidx_c plus min(the tile's index, 0), which is 0): hoisted, their per-thread part was held
                 # across every tile and spilled (bf16 d128 causal: 2 LDL/STL, CPU SASS)
                 tScS_t = frag.rows_cols(tiled_mma_sdp.get_slice(tidx_c + cutlass.min(tile, Int32(0))).partition_C(_qk(cS)))
-                # K / V: one stage, so a tile's phase is the parity of the tiles before it that loaded them
-                kv_c = pipeline.PipelineState(1, kv_j, Int32(0), kv_j & 1)
+                # K / V: a tile's stage and phase from the count of the tiles before it that loaded them
+                kv_c = pipeline.PipelineState(KV_STAGES, kv_j, kv_j % KV_STAGES, kv_j // KV_STAGES & 1)
                 if m_max > m_min:
                     pipe_kv.consumer_wait(kv_c)
                 m_lo, m_hi = mask.m_mask_phases(
@@ -522,7 +523,7 @@ class FlashBwdSm90:
                         dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                     warpgroup.fence()
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tSrK_0 = tSrK[None, None, None, 0]
+                    tSrK_0 = tSrK[None, None, None, kv_c.index]
                     tSrQ_q = tSrQ[None, None, None, q_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM // 16):
                         cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
@@ -531,7 +532,7 @@ class FlashBwdSm90:
                     pipe_do.consumer_wait(do_state)
                     warpgroup.fence()
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tdPrV_0 = tdPrV[None, None, None, 0]
+                    tdPrV_0 = tdPrV[None, None, None, kv_c.index]
                     tdPrdO_do = tdPrdO[None, None, None, do_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
                         cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
@@ -573,7 +574,7 @@ class FlashBwdSm90:
                     warpgroup.fence()
                     tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
                     tdQrdS_pds = tdQrdS[None, None, None, pds]
-                    tdQrKt_0 = tdQrKt[None, None, None, 0]
+                    tdQrKt_0 = tdQrKt[None, None, None, kv_c.index]
                     for k in cutlass.range_constexpr(TILE_N // 16):
                         if cutlass.const_expr(DQ_T):
                             cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
@@ -614,7 +615,7 @@ class FlashBwdSm90:
                         dsum[c] = sD[8 * (c // 2) + 2 * lane4 + c % 2, q_state.index]
                     warpgroup.fence()
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tSrK_0 = tSrK[None, None, None, 0]
+                    tSrK_0 = tSrK[None, None, None, kv_c.index]
                     tSrQ_q = tSrQ[None, None, None, q_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM // 16):
                         cute.gemm(tiled_mma_sdp, acc_S, tSrK_0[None, None, k], tSrQ_q[None, None, k], acc_S)
@@ -623,7 +624,7 @@ class FlashBwdSm90:
                     pipe_do.consumer_wait(do_state)
                     warpgroup.fence()
                     tiled_mma_sdp.set(warpgroup.Field.ACCUMULATE, False)
-                    tdPrV_0 = tdPrV[None, None, None, 0]
+                    tdPrV_0 = tdPrV[None, None, None, kv_c.index]
                     tdPrdO_do = tdPrdO[None, None, None, do_state.index]
                     for k in cutlass.range_constexpr(HEAD_DIM_V // 16):
                         cute.gemm(tiled_mma_sdp, acc_dP, tdPrV_0[None, None, k], tdPrdO_do[None, None, k], acc_dP)
@@ -661,7 +662,7 @@ class FlashBwdSm90:
                     warpgroup.fence()
                     tiled_mma_dq.set(warpgroup.Field.ACCUMULATE, False)
                     tdQrdS_pds = tdQrdS[None, None, None, pds]
-                    tdQrKt_0 = tdQrKt[None, None, None, 0]
+                    tdQrKt_0 = tdQrKt[None, None, None, kv_c.index]
                     for k in cutlass.range_constexpr(TILE_N // 16):
                         if cutlass.const_expr(DQ_T):
                             cute.gemm(tiled_mma_dq, acc_dQ, tdQrKt_0[None, None, k], tdQrdS_pds[None, None, k], acc_dQ)
