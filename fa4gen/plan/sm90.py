@@ -783,7 +783,9 @@ def _second_kv_stage(plan: KernelPlan) -> KernelPlan:
     the current tile's last blocks) instead of after the consumers hand the one stage back at the tile's end. Session
     68's timeline: with one stage the next tile's K / V take ~2-2.5 us to land from that hand-back, and a shorter
     epilogue (docs/patches 0001, the store warp) only moved that much time into the K / V wait. d64 / d96 fit (d128
-    does not: 230,736 + 65,536 bytes)."""
+    does not: 230,736 + 65,536 bytes). Session 69 (H100, A/B against one stage, docs/PERF.md): d64 backward raw 1.100 /
+    1.028 / 1.010 without a mask and 1.056 / 1.024 / 1.008 causal at s512 / 1k / 2k, s8k 1.004 / 0.980; d96 without a
+    mask 1.007 / 1.019 / 1.016 (one round)."""
     kv_bytes = plan.tile_n * (plan.head_dim + plan.head_dim_v) * 2
     smem = plan.smem_bytes + kv_bytes + 2 * 8  # one more stage and its two mbarriers
     if not plan.dkv_staging.phases or smem > SMEM_BUDGET:
