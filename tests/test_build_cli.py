@@ -398,3 +398,15 @@ def test_cache_commands_on_a_file_or_an_entry_they_cannot_remove(tmp_path: Path,
     result = _cli(["cache", "clear"], monkeypatch, tmp_path)
     assert result.exit_code == 2 and "could not remove cache entry" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("module", ["fa4gen.cli.build_cmds", "fa4gen.cli.dispatch_cmd", "fa4gen.cli.test_cmd",
+                                    "fa4gen.cli.main"])
+def test_each_cli_module_imports_first_in_a_fresh_process(module):
+    """Any CLI module imported first (a fresh interpreter, as a test file run alone imports it) loads: dispatch_cmd
+    once took ARCH_CHOICE from build_cmds while build_cmds, importing main, was still half-initialized (ImportError
+    when build_cmds came first); the choice now lives in main, which every command module imports."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -18,11 +18,10 @@ from fa4gen.builder import (
     CompileJob, KernelReport, compile_jobs, diff_package, orphan_packages, plan_spec, render_spec, spec_label,
     write_package,
 )
-from fa4gen.cli.main import _load_all, _table, exit_with_problems, head_dims, main
-from fa4gen.plan import ARCHS, NotAvailableError, PlanError, plan_kernels
+from fa4gen.cli.main import ARCH_CHOICE, _load_all, _table, exit_with_problems, head_dims, main
+from fa4gen.plan import NotAvailableError, PlanError, plan_kernels
 from fa4gen.spec import SpecError
 
-ARCH_CHOICE = click.Choice(sorted(ARCHS))
 OPCODES = ("hgmma", "utchmma", "ldtm", "sttm", "utmaldg", "utmastg", "mufu_ex2", "ffma", "ffma2", "bar", "ldl", "stl")
 
 

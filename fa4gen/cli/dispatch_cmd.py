@@ -15,8 +15,7 @@ from pathlib import Path
 
 import click
 
-from fa4gen.cli.build_cmds import ARCH_CHOICE
-from fa4gen.cli.main import exit_with_problems, main
+from fa4gen.cli.main import ARCH_CHOICE, exit_with_problems, main
 
 LOCK = "spec.lock.json"
 

@@ -17,6 +17,7 @@ from typing import NoReturn
 import click
 import yaml
 
+from fa4gen.plan import ARCHS
 from fa4gen.spec import AttentionSpec, SpecError, discover_specs, load_spec, spec_json_schema
 
 EXIT_PROBLEMS = 2  # same status click uses for usage errors: "the input was wrong"
@@ -150,6 +151,11 @@ def show(spec: str, fmt: str) -> None:
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
+
+
+# --arch of the commands that take one target (build_cmds, dispatch_cmd): defined here, which both import, so
+# importing either module first (e.g. `import fa4gen.cli.build_cmds`) finds it defined
+ARCH_CHOICE = click.Choice(sorted(ARCHS))
 
 
 # Commands that plan, build, compile and inspect register themselves on `main`.
