@@ -43,10 +43,20 @@ sys.path.insert(0, str(ROOT / "tools"))
 from cta_cost import HIDDEN, TOKENS, work  # noqa: E402  (the grid cell: its shape, CTAs and query blocks)
 
 # the trace columns (templates/sm90/bwd.py.j2's T_* constants)
-T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS, T_DRAINED, T_STAGED = range(10)
+(T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS, T_DRAINED, T_STAGED, T_P_TILE,
+ T_P_KV) = range(12)
 REQUIRED = 8  # columns every traced kernel writes; T_DRAINED / T_STAGED only where the epilogue has those points
 PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
 EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (their sum is its epilogue)
+# the K / V load seen from the producer (its first thread's %clock64, same SM as the consumers' columns):
+#   kv_issue  when the producer holds the tile's K / V stage (and issues its TMA) -> the consumers have K / V:
+#             the load's landing time, as the consumers see it (longer where they arrive after it landed)
+#   kv_late   the previous tile's consumers handing K / V back (their last query block done: T_BLOCKS where the
+#             epilogue is staged, else its end) -> the producer holding the stage (persistent, one K / V stage,
+#             the tile after another on the same SM only): how long the hand-back takes to reach the producer
+#   p_ahead   the producer starting the tile's loads -> the previous tile's hand-back (positive: the producer
+#             was waiting for it, not for the previous tile's Q / dO stages)
+PRODUCER_PARTS = ("kv_issue", "kv_late", "p_ahead")
 
 
 def spec_dict(d: int, mask: str) -> dict:
@@ -87,12 +97,15 @@ def traced_package(spec: dict, grid: bool, out_dir: Path, persistent: bool = Fal
     return import_from_path(name, out_dir / name / "__init__.py", package=True), bwd[0]
 
 
-def phases(rows: list[list[int]]) -> dict:
+def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False) -> dict:
     """Per-row phase lengths in cycles, the gaps between consecutive rows on one SM, and the clock rate (cycles
-    per ns) from the rows' own entry -> end spans."""
-    out = {name: [] for name in PHASES + EPILOGUE_PARTS}
+    per ns) from the rows' own entry -> end spans. `kv_stages` / `staged` (the plan's K / V stages, whether K / V
+    go back before the epilogue: plan.dkv_staging) place the hand-back for PRODUCER_PARTS."""
+    out = {name: [] for name in PHASES + EPILOGUE_PARTS + PRODUCER_PARTS}
     cycles = ns = 0
     for r in rows:
+        if r[T_P_KV] >= 0:
+            out["kv_issue"].append(r[T_KV] - r[T_P_KV])
         out["prologue"].append(r[T_CONSUMERS] - r[T_ENTRY])
         out["kv_wait"].append(r[T_KV] - r[T_CONSUMERS])
         out["blocks"].append(r[T_BLOCKS] - r[T_KV])
@@ -110,6 +123,12 @@ def phases(rows: list[list[int]]) -> dict:
     for sm_rows in by_sm.values():
         sm_rows.sort(key=lambda r: r[T_ENTRY])
         out["gap"] += [b[T_ENTRY] - a[T_EPILOGUE] for a, b in zip(sm_rows, sm_rows[1:])]
+        if kv_stages == 1:  # the hand-back of one tile's K / V stage is the next tile's (same SM) to take
+            for a, b in zip(sm_rows, sm_rows[1:]):
+                if b[T_P_KV] >= 0 and b[T_P_TILE] >= 0:
+                    handback = a[T_BLOCKS] if staged else a[T_EPILOGUE]
+                    out["kv_late"].append(b[T_P_KV] - handback)
+                    out["p_ahead"].append(handback - b[T_P_TILE])
     return {"cycles": out, "cycles_per_ns": cycles / ns if ns > 0 else float("nan"), "sms": len(by_sm),
             "span_ns": max(r[T_END_NS] for r in rows) - min(r[T_ENTRY_NS] for r in rows),
             "busy_ns": sum(r[T_END_NS] - r[T_ENTRY_NS] for r in rows)}
@@ -206,7 +225,7 @@ def main(argv=None) -> int:
     report = {"spec": spec, "kind": kind, "plan": {"tile_m": plan.tile_m, "tile_n": plan.tile_n}, "cells": {}}
     for s in (int(x) for x in args.seqlens.split(",")):
         rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats)
-        summ = summary(phases(rows), blocks)
+        summ = summary(phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases)), blocks)
         report["cells"][s] = {"summary": summ, "rows": rows}
         cells = " | ".join(f"{summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f} ({summ[n]['share']:.0%})"
                            if n in summ else "-" for n in PHASES)
@@ -215,6 +234,9 @@ def main(argv=None) -> int:
         if "stage" in summ:
             print(f"  s{s} staged epilogue (median / mean µs): " + ", ".join(
                 f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in EPILOGUE_PARTS))
+        if "kv_issue" in summ:
+            print(f"  s{s} K / V from the producer (median / mean µs): " + ", ".join(
+                f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in PRODUCER_PARTS if n in summ))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
