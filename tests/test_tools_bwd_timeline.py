@@ -75,6 +75,9 @@ def test_the_k_v_load_seen_from_the_producer(staged):
     # two K / V stages: the tile after another does not take the stage the other handed back, so no pairing
     c2 = tool.phases(rows, kv_stages=2, staged=staged)["cycles"]
     assert c2["kv_late"] == c2["p_ahead"] == [] and sorted(c2["kv_issue"]) == [140, 205]
+    # nor for two CTAs of a grid kernel (each takes its own K / V barrier's first phase)
+    c3 = tool.phases(rows, kv_stages=1, staged=staged, persistent=False)["cycles"]
+    assert c3["kv_late"] == c3["p_ahead"] == [] and sorted(c3["kv_issue"]) == [140, 205]
 
 
 def test_the_staged_epilogue_splits_into_drain_stage_and_store():
@@ -116,6 +119,9 @@ def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, pers
     assert "TRACE_EVENTS = 12" in source and source.count("trace.record(") >= 7
     # the producer's two points: the tile's loads started, the K / V stage held
     assert "T_P_TILE, trace.clock64()" in source and "T_P_KV, trace.clock64()" in source
+    # the masked persistent loop's rows are the consumers' tile index, in the producer too (its loop index is not)
+    row = "tile = (batch * mQ.shape[2] + head) * num_n + n_block"
+    assert source.count(row) == (2 if persistent else 0)
     # the staged epilogue's two points exist exactly where the plan stages dK / dV (the persistent kernel)
     assert ("T_STAGED, trace.clock64()" in source) == bool(plan.dkv_staging.phases)
 

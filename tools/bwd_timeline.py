@@ -97,10 +97,12 @@ def traced_package(spec: dict, grid: bool, out_dir: Path, persistent: bool = Fal
     return import_from_path(name, out_dir / name / "__init__.py", package=True), bwd[0]
 
 
-def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False) -> dict:
+def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, persistent: bool = True) -> dict:
     """Per-row phase lengths in cycles, the gaps between consecutive rows on one SM, and the clock rate (cycles
     per ns) from the rows' own entry -> end spans. `kv_stages` / `staged` (the plan's K / V stages, whether K / V
-    go back before the epilogue: plan.dkv_staging) place the hand-back for PRODUCER_PARTS."""
+    go back before the epilogue: plan.dkv_staging) place the hand-back for PRODUCER_PARTS; `persistent`: the rows
+    are one CTA's tiles (kv_late / p_ahead pair a tile with the one before it on its SM; a grid CTA has its own
+    K / V barrier, so there they are not computed)."""
     out = {name: [] for name in PHASES + EPILOGUE_PARTS + PRODUCER_PARTS}
     cycles = ns = 0
     for r in rows:
@@ -123,7 +125,7 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False) -> d
     for sm_rows in by_sm.values():
         sm_rows.sort(key=lambda r: r[T_ENTRY])
         out["gap"] += [b[T_ENTRY] - a[T_EPILOGUE] for a, b in zip(sm_rows, sm_rows[1:])]
-        if kv_stages == 1:  # the hand-back of one tile's K / V stage is the next tile's (same SM) to take
+        if persistent and kv_stages == 1:  # the hand-back of one tile's K / V stage is the next tile's (same SM) to take
             for a, b in zip(sm_rows, sm_rows[1:]):
                 if b[T_P_KV] >= 0 and b[T_P_TILE] >= 0:
                     handback = a[T_BLOCKS] if staged else a[T_EPILOGUE]
@@ -225,7 +227,8 @@ def main(argv=None) -> int:
     report = {"spec": spec, "kind": kind, "plan": {"tile_m": plan.tile_m, "tile_n": plan.tile_n}, "cells": {}}
     for s in (int(x) for x in args.seqlens.split(",")):
         rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats)
-        summ = summary(phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases)), blocks)
+        summ = summary(phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases), plan.scheduler == "persistent"),
+                       blocks)
         report["cells"][s] = {"summary": summ, "rows": rows}
         cells = " | ".join(f"{summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f} ({summ[n]['share']:.0%})"
                            if n in summ else "-" for n in PHASES)
