@@ -80,6 +80,24 @@ def test_the_k_v_load_seen_from_the_producer(staged):
     assert c3["kv_late"] == c3["p_ahead"] == [] and sorted(c3["kv_issue"]) == [140, 205]
 
 
+def test_phases_by_round_are_each_sms_r_th_tile():
+    # 1 cycle per ns; SM 0 runs tiles at entry 0 and 100, SM 1 at 10 and 120 (listed out of order); round 1 exists
+    # on both, round 2 on none
+    rows = [
+        _row(1, 120, 120, 150, 170, 180, 120, 180, p_kv=110),
+        _row(0, 0, 0, 40, 60, 70, 0, 70, p_kv=5),
+        _row(1, 10, 10, 30, 50, 56, 10, 56, p_kv=8),
+        _row(0, 100, 100, 104, 140, 150, 100, 150, p_kv=-1),
+    ]
+    r = tool.by_round(rows, [0, 1, 2], cycles_per_ns=1.0)
+    assert sorted(r) == [0, 1] and r[0]["tiles"] == r[1]["tiles"] == 2
+    assert r[0]["kv_wait_us"] == pytest.approx((40 + 20) / 2 / 1e3)
+    assert r[0]["kv_issue_us"] == pytest.approx((35 + 22) / 2 / 1e3)
+    assert r[0]["epilogue_us"] == pytest.approx((10 + 6) / 2 / 1e3)
+    # round 1: SM 0's tile has no producer point, so kv_issue is SM 1's alone
+    assert r[1]["kv_wait_us"] == pytest.approx((4 + 30) / 2 / 1e3) and r[1]["kv_issue_us"] == pytest.approx(40 / 1e3)
+
+
 def test_the_staged_epilogue_splits_into_drain_stage_and_store():
     # row 1: drained at 1050 (dV in the dQ buffers), staged at 1120; row 2: no drained point (d64: both in dS)
     rows = [

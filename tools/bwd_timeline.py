@@ -14,7 +14,13 @@ The staged epilogue (plan.dkv_staging, persistent kernels) is also split into it
   drain      the last query block done -> past the dQ warp's drained barrier (dV staged in the dQ buffers only)
   stage      -> dK / dV (the first phase) in shared memory, both warpgroups past the barrier after their stmatrix
   store      -> the epilogue's end (warp 4's TMA stores have read the buffers; a second phase where there is one)
-and the kernel's span against the SMs' busy time (the tail: SMs idle while the last CTAs finish).
+and the kernel's span against the SMs' busy time (the tail: SMs idle while the last CTAs finish). The producer's
+view of the K / V load (its first thread's %clock64 as it starts a tile's loads and once it holds the K / V stage):
+  kv_issue   the producer holds the K / V stage (their TMA issued next) -> the consumers have K / V
+  kv_late    the previous tile's hand-back of K / V -> the producer holding the stage (persistent, one stage)
+  p_ahead    the producer starting the tile's loads -> that hand-back (positive: it was waiting for the hand-back)
+and, for persistent kernels, the phases by round (`--rounds`: the r-th tile each SM ran), since the first rounds run
+with every CTA loading and storing at once.
 
 The traced build is rendered with `fa4gen.render.render_package(..., trace={module})` into a scratch package:
 the kernel takes one more tensor (fa4gen/device/trace.py), nothing else changes; the packages users build are
@@ -136,6 +142,27 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
             "busy_ns": sum(r[T_END_NS] - r[T_ENTRY_NS] for r in rows)}
 
 
+def by_round(rows: list[list[int]], rounds: list[int], cycles_per_ns: float) -> dict:
+    """Medians in µs of kv_wait, kv_issue and the epilogue over the r-th tile of every SM (rows ordered by their
+    entry on each SM), for each r of `rounds` that some SM reached."""
+    by_sm: dict[int, list[list[int]]] = {}
+    for r in rows:
+        by_sm.setdefault(r[T_SM], []).append(r)
+    ordered = [sorted(sm_rows, key=lambda r: r[T_ENTRY]) for sm_rows in by_sm.values()]
+    rate = cycles_per_ns * 1e3
+    out = {}
+    for k in rounds:
+        tiles = [sm_rows[k] for sm_rows in ordered if k < len(sm_rows)]
+        if not tiles:
+            continue
+        issue = [r[T_KV] - r[T_P_KV] for r in tiles if r[T_P_KV] >= 0]
+        out[k] = {"tiles": len(tiles),
+                  "kv_wait_us": statistics.median(r[T_KV] - r[T_CONSUMERS] for r in tiles) / rate,
+                  "kv_issue_us": statistics.median(issue) / rate if issue else float("nan"),
+                  "epilogue_us": statistics.median(r[T_EPILOGUE] - r[T_BLOCKS] for r in tiles) / rate}
+    return out
+
+
 def summary(p: dict, blocks_per_row: float) -> dict:
     """Medians / means of each phase in µs, each phase's share of a row's mean time, the SMs' busy share."""
     rate = p["cycles_per_ns"] * 1e3  # cycles per µs
@@ -211,6 +238,8 @@ def main(argv=None) -> int:
                     help="the causal kernel persistent even where the planner keeps it one CTA per tile (d80-d128)")
     ap.add_argument("--repeats", type=int, default=3, help="backward calls per cell (the last one is read)")
     ap.add_argument("--out", default=None, help="folder for timeline.json (the rows and the summaries)")
+    ap.add_argument("--rounds", default="0,1,2,3,5,10",
+                    help="persistent kernels: print the phases of these rounds (the r-th tile of each SM); '' for none")
     args = ap.parse_args(argv)
     import torch
 
@@ -227,9 +256,11 @@ def main(argv=None) -> int:
     report = {"spec": spec, "kind": kind, "plan": {"tile_m": plan.tile_m, "tile_n": plan.tile_n}, "cells": {}}
     for s in (int(x) for x in args.seqlens.split(",")):
         rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats)
-        summ = summary(phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases), plan.scheduler == "persistent"),
-                       blocks)
-        report["cells"][s] = {"summary": summ, "rows": rows}
+        p = phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases), plan.scheduler == "persistent")
+        summ = summary(p, blocks)
+        rounds = by_round(rows, [int(x) for x in args.rounds.split(",") if x], p["cycles_per_ns"]) \
+            if plan.scheduler == "persistent" else {}
+        report["cells"][s] = {"summary": summ, "rounds": rounds, "rows": rows}
         cells = " | ".join(f"{summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f} ({summ[n]['share']:.0%})"
                            if n in summ else "-" for n in PHASES)
         print(f"| {s} | {len(rows)} | {blocks:.1f} | {cells} | {summ['per_block_us']:.2f} | {summ['busy_share']:.1%} "
@@ -240,6 +271,9 @@ def main(argv=None) -> int:
         if "kv_issue" in summ:
             print(f"  s{s} K / V from the producer (median / mean µs): " + ", ".join(
                 f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in PRODUCER_PARTS if n in summ))
+        if rounds:
+            print(f"  s{s} by round (medians, µs; kv_wait / kv_issue / epilogue): " + ", ".join(
+                f"{k}: {v['kv_wait_us']:.2f} / {v['kv_issue_us']:.2f} / {v['epilogue_us']:.2f}" for k, v in rounds.items()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
