@@ -28,8 +28,10 @@ def _tool():
 tool = _tool()
 
 
-def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained=-1, staged=-1, p_tile=-1, p_kv=-1):
-    return [sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained, staged, p_tile, p_kv]
+def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained=-1, staged=-1, p_tile=-1, p_kv=-1,
+         dq_issued=-1, dq_landed=-1):
+    return [sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained, staged, p_tile, p_kv, dq_issued,
+            dq_landed]
 
 
 def test_phases_and_the_gaps_between_ctas_on_one_sm():
@@ -56,7 +58,7 @@ def test_phases_and_the_gaps_between_ctas_on_one_sm():
     assert sum(v["share"] for k, v in s.items() if k in tool.PHASES) == pytest.approx(1.0)
     assert s["busy_share"] == pytest.approx(1800 / (1300 * 2))
     assert "stage" not in s and c["drain"] == c["stage"] == c["store"] == []  # no staged epilogue in these rows
-    assert c["kv_issue"] == c["kv_late"] == c["p_ahead"] == []  # nor producer columns
+    assert all(c[n] == [] for n in tool.PRODUCER_PARTS)  # nor producer / dQ-warp columns
 
 
 @pytest.mark.parametrize("staged", [False, True])
@@ -65,19 +67,22 @@ def test_the_k_v_load_seen_from_the_producer(staged):
     # K / V stage at 1260 and the consumers have K / V at 1400; tile 1 handed K / V back at 1000 (staged: its last
     # block done) or 1200 (its epilogue's end)
     rows = [
-        _row(0, 1210, 1210, 1400, 2000, 2100, 605, 1050, p_tile=1150, p_kv=1260),
-        _row(0, 100, 100, 300, 1000, 1200, 50, 600, p_tile=90, p_kv=95),
+        _row(0, 1210, 1210, 1400, 2000, 2100, 605, 1050, p_tile=1150, p_kv=1260, dq_issued=1990, dq_landed=2150),
+        _row(0, 100, 100, 300, 1000, 1200, 50, 600, p_tile=90, p_kv=95, dq_issued=980, dq_landed=1100),
     ]
     c = tool.phases(rows, kv_stages=1, staged=staged)["cycles"]
     assert sorted(c["kv_issue"]) == [140, 205]
     handback = 1000 if staged else 1200
     assert c["kv_late"] == [1260 - handback] and c["p_ahead"] == [handback - 1150]
+    # the dQ warp: each tile's reduces landed 120 / 160 cycles after its last was issued; tile 2's K / V stage taken
+    # 280 cycles after tile 1's last reduce was issued
+    assert sorted(c["dq_land"]) == [120, 160] and c["kv_after_dq"] == [1260 - 980]
     # two K / V stages: the tile after another does not take the stage the other handed back, so no pairing
     c2 = tool.phases(rows, kv_stages=2, staged=staged)["cycles"]
-    assert c2["kv_late"] == c2["p_ahead"] == [] and sorted(c2["kv_issue"]) == [140, 205]
+    assert c2["kv_late"] == c2["p_ahead"] == c2["kv_after_dq"] == [] and sorted(c2["kv_issue"]) == [140, 205]
     # nor for two CTAs of a grid kernel (each takes its own K / V barrier's first phase)
     c3 = tool.phases(rows, kv_stages=1, staged=staged, persistent=False)["cycles"]
-    assert c3["kv_late"] == c3["p_ahead"] == [] and sorted(c3["kv_issue"]) == [140, 205]
+    assert c3["kv_late"] == c3["p_ahead"] == c3["kv_after_dq"] == [] and sorted(c3["kv_issue"]) == [140, 205]
 
 
 def test_phases_by_round_are_each_sms_r_th_tile():
@@ -129,17 +134,19 @@ def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, pers
     call(pkg, op.bwd_plans["sm90"], grad=True)
     (args,) = [a for m, a in launched if m == plan.module]
     fakes = fake_arguments(op.dir, plan.module)
-    check_signature(tool.with_trace(args, torch.full((24, 12), -1, dtype=torch.int64)), fakes,
+    check_signature(tool.with_trace(args, torch.full((24, 14), -1, dtype=torch.int64)), fakes,
                     f"{plan.module} traced")
     with pytest.raises(AssertionError, match="arguments launched"):
         check_signature(args, fakes, plan.module)
     source = (op.dir / f"{plan.module}.py").read_text()
-    assert "TRACE_EVENTS = 12" in source and source.count("trace.record(") >= 7
+    assert "TRACE_EVENTS = 14" in source and source.count("trace.record(") >= 9
     # the producer's two points: the tile's loads started, the K / V stage held
     assert "T_P_TILE, trace.clock64()" in source and "T_P_KV, trace.clock64()" in source
+    # the dQ warp's two points (every d128 MHA backward without determinism has one)
+    assert "T_DQ_ISSUED, trace.clock64()" in source and "T_DQ_LANDED, trace.clock64()" in source
     # the masked persistent loop's rows are the consumers' tile index, in the producer too (its loop index is not)
     row = "tile = (batch * mQ.shape[2] + head) * num_n + n_block"
-    assert source.count(row) == (2 if persistent else 0)
+    assert source.count(row) == (3 if persistent else 0)
     # the staged epilogue's two points exist exactly where the plan stages dK / dV (the persistent kernel)
     assert ("T_STAGED, trace.clock64()" in source) == bool(plan.dkv_staging.phases)
 
@@ -168,9 +175,9 @@ def test_grid_and_persistent_exclude_each_other(tmp_path):
 @pytest.mark.compile
 @pytest.mark.parametrize(("mask", "persistent"), [("none", False), ("causal", False), ("causal", True)])
 def test_the_traced_backward_compiles_without_spills(mask, persistent, tmp_path):
-    """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 seven times, nine with the staged
+    """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 nine times, eleven with the staged
     epilogue) and the traced kernel holds no LDL/STL, so the trace does not move what it measures by spilling (the
-    producer's two points included, in its 24 registers)."""
+    producer's and the dQ warp's two points each included, in their 24 registers)."""
     pytest.importorskip("cutlass")
     from fa4gen.compile.generated import compile_generated
     from fa4gen.compile.sass import find_nvdisasm
@@ -183,6 +190,6 @@ def test_the_traced_backward_compiles_without_spills(mask, persistent, tmp_path)
                                cache=None, keep_sass=True)
     sass = result.sass_text
     assert not re.search(r"\b(LDL|STL)\b", sass)
-    # seven points in every kernel (two by the producer); the persistent d128 kernel's staged epilogue adds the
-    # drained and staged ones
-    assert sass.count("SR_GLOBALTIMER") == 2 and sass.count("SR_CLOCK") >= (9 if plan.dkv_staging.phases else 7)
+    # nine points in every kernel (two by the producer, two by the dQ warp); the persistent d128 kernel's staged
+    # epilogue adds the drained and staged ones
+    assert sass.count("SR_GLOBALTIMER") == 2 and sass.count("SR_CLOCK") >= (11 if plan.dkv_staging.phases else 9)

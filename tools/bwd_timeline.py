@@ -19,6 +19,9 @@ view of the K / V load (its first thread's %clock64 as it starts a tile's loads 
   kv_issue   the producer holds the K / V stage (their TMA issued next) -> the consumers have K / V
   kv_late    the previous tile's hand-back of K / V -> the producer holding the stage (persistent, one stage)
   p_ahead    the producer starting the tile's loads -> that hand-back (positive: it was waiting for the hand-back)
+and the dQ warp's (its %clock64 once it issued the tile's last dQ bulk reduce and once they all landed):
+  dq_land      that last reduce issued -> the tile's reduces landed
+  kv_after_dq  that last reduce issued -> the producer holding the next tile's K / V stage (persistent, one stage)
 and, for persistent kernels, the phases by round (`--rounds`: the r-th tile each SM ran), since the first rounds run
 with every CTA loading and storing at once.
 
@@ -50,7 +53,7 @@ from cta_cost import HIDDEN, TOKENS, work  # noqa: E402  (the grid cell: its sha
 
 # the trace columns (templates/sm90/bwd.py.j2's T_* constants)
 (T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS, T_DRAINED, T_STAGED, T_P_TILE,
- T_P_KV) = range(12)
+ T_P_KV, T_DQ_ISSUED, T_DQ_LANDED) = range(14)
 REQUIRED = 8  # columns every traced kernel writes; T_DRAINED / T_STAGED only where the epilogue has those points
 PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
 EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (their sum is its epilogue)
@@ -62,7 +65,11 @@ EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (the
 #             the tile after another on the same SM only): how long the hand-back takes to reach the producer
 #   p_ahead   the producer starting the tile's loads -> the previous tile's hand-back (positive: the producer
 #             was waiting for it, not for the previous tile's Q / dO stages)
-PRODUCER_PARTS = ("kv_issue", "kv_late", "p_ahead")
+# and the dQ warp's (its first thread; kernels with a dQ warp):
+#   dq_land      the tile's last dQ bulk reduce issued -> all of the tile's reduces landed in global memory
+#   kv_after_dq  the tile's last dQ reduce issued -> the producer holding the next tile's K / V stage (persistent,
+#                one stage; positive: the next K / V load queues behind that reduce)
+PRODUCER_PARTS = ("kv_issue", "kv_late", "p_ahead", "dq_land", "kv_after_dq")
 
 
 def spec_dict(d: int, mask: str) -> dict:
@@ -114,6 +121,8 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
     for r in rows:
         if r[T_P_KV] >= 0:
             out["kv_issue"].append(r[T_KV] - r[T_P_KV])
+        if r[T_DQ_ISSUED] >= 0 and r[T_DQ_LANDED] >= 0:
+            out["dq_land"].append(r[T_DQ_LANDED] - r[T_DQ_ISSUED])
         out["prologue"].append(r[T_CONSUMERS] - r[T_ENTRY])
         out["kv_wait"].append(r[T_KV] - r[T_CONSUMERS])
         out["blocks"].append(r[T_BLOCKS] - r[T_KV])
@@ -137,6 +146,8 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
                     handback = a[T_BLOCKS] if staged else a[T_EPILOGUE]
                     out["kv_late"].append(b[T_P_KV] - handback)
                     out["p_ahead"].append(handback - b[T_P_TILE])
+                if b[T_P_KV] >= 0 and a[T_DQ_ISSUED] >= 0:
+                    out["kv_after_dq"].append(b[T_P_KV] - a[T_DQ_ISSUED])
     return {"cycles": out, "cycles_per_ns": cycles / ns if ns > 0 else float("nan"), "sms": len(by_sm),
             "span_ns": max(r[T_END_NS] for r in rows) - min(r[T_ENTRY_NS] for r in rows),
             "busy_ns": sum(r[T_END_NS] - r[T_ENTRY_NS] for r in rows)}
