@@ -16,7 +16,8 @@ The staged epilogue (plan.dkv_staging, persistent kernels) is also split into it
   store      -> the epilogue's end (warp 4's TMA stores have read the buffers; a second phase where there is one)
 and the kernel's span against the SMs' busy time (the tail: SMs idle while the last CTAs finish). The producer's
 view of the K / V load (its first thread's %clock64 as it starts a tile's loads and once it holds the K / V stage):
-  kv_issue   the producer holds the K / V stage (their TMA issued next) -> the consumers have K / V
+  kv_issue   the producer holds the K / V stage (their TMA issued next) -> the consumers have K / V (the load's
+             latency only where the consumers waited for it; otherwise an upper bound)
   kv_late    the previous tile's hand-back of K / V -> the producer holding the stage (persistent, one stage)
   p_ahead    the producer starting the tile's loads -> that hand-back (positive: it was waiting for the hand-back)
 and the dQ warp's (its %clock64 once it issued the tile's last dQ bulk reduce and once they all landed):
@@ -59,7 +60,8 @@ PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
 EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (their sum is its epilogue)
 # the K / V load seen from the producer (its first thread's %clock64, same SM as the consumers' columns):
 #   kv_issue  when the producer holds the tile's K / V stage (and issues its TMA) -> the consumers have K / V:
-#             the load's landing time, as the consumers see it (longer where they arrive after it landed)
+#             the load's latency only where the consumers waited for it (kv_wait above its ~0.1 µs floor); where
+#             they arrived after it landed (a persistent tile's K / V issued before the previous epilogue), a bound
 #   kv_late   the previous tile's consumers handing K / V back (their last query block done: T_BLOCKS where the
 #             epilogue is staged, else its end) -> the producer holding the stage (persistent, one K / V stage,
 #             the tile after another on the same SM only): how long the hand-back takes to reach the producer
