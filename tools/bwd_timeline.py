@@ -112,6 +112,14 @@ def traced_package(spec: dict, grid: bool, out_dir: Path, persistent: bool = Fal
     return import_from_path(name, out_dir / name / "__init__.py", package=True), bwd[0]
 
 
+def rows_by_sm(rows: list[list[int]]) -> dict[int, list[list[int]]]:
+    """The rows of each SM, in the order they entered it (a one-tile-per-CTA kernel's CTAs, a persistent CTA's tiles)."""
+    by_sm: dict[int, list[list[int]]] = {}
+    for r in rows:
+        by_sm.setdefault(r[T_SM], []).append(r)
+    return {sm: sorted(sm_rows, key=lambda r: r[T_ENTRY]) for sm, sm_rows in by_sm.items()}
+
+
 def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, persistent: bool = True) -> dict:
     """Per-row phase lengths in cycles, the gaps between consecutive rows on one SM, and the clock rate (cycles
     per ns) from the rows' own entry -> end spans. `kv_stages` / `staged` (the plan's K / V stages, whether K / V
@@ -136,11 +144,8 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
             out["store"].append(r[T_EPILOGUE] - r[T_STAGED])
         cycles += r[T_EPILOGUE] - r[T_ENTRY]
         ns += r[T_END_NS] - r[T_ENTRY_NS]
-    by_sm: dict[int, list[list[int]]] = {}
-    for r in rows:
-        by_sm.setdefault(r[T_SM], []).append(r)
+    by_sm = rows_by_sm(rows)
     for sm_rows in by_sm.values():
-        sm_rows.sort(key=lambda r: r[T_ENTRY])
         out["gap"] += [b[T_ENTRY] - a[T_EPILOGUE] for a, b in zip(sm_rows, sm_rows[1:])]
         if persistent and kv_stages == 1:  # the hand-back of one tile's K / V stage is the next tile's (same SM) to take
             for a, b in zip(sm_rows, sm_rows[1:]):
@@ -158,10 +163,7 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
 def by_round(rows: list[list[int]], rounds: list[int], cycles_per_ns: float) -> dict:
     """Medians in µs of kv_wait, kv_issue and the epilogue over the r-th tile of every SM (rows ordered by their
     entry on each SM), for each r of `rounds` that some SM reached."""
-    by_sm: dict[int, list[list[int]]] = {}
-    for r in rows:
-        by_sm.setdefault(r[T_SM], []).append(r)
-    ordered = [sorted(sm_rows, key=lambda r: r[T_ENTRY]) for sm_rows in by_sm.values()]
+    ordered = list(rows_by_sm(rows).values())
     rate = cycles_per_ns * 1e3
     out = {}
     for k in rounds:
