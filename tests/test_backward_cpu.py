@@ -273,10 +273,12 @@ class FakeKernels:
             assert dk_accum.shape == (b, s_k, h_kv, d) and dv_accum.shape == (b, s_k, h_kv, d_v)
             assert dk_accum.dtype == dv_accum.dtype == torch.float32 and not dk_accum.any() and not dv_accum.any()
         # the non-deterministic hand-off's claim flags / the deterministic turn counters: one per query tile,
-        # allocated without a fill (the compiled backward's preprocess zeroes them; this stand-in does too)
+        # allocated without a fill (the compiled backward's preprocess zeroes them; this stand-in does too);
+        # with the overlapped dQ conversion, one more per (batch, head): its count of landed key blocks
         if claim:
             claim_dq = extra.pop(0)
-            assert claim_dq.shape == (b, h, math.ceil(s_q / plan["tile_m"])) and claim_dq.dtype == torch.int32
+            slots = math.ceil(s_q / plan["tile_m"]) + plan["dq_post_overlap"]
+            assert claim_dq.shape == (b, h, slots) and claim_dq.dtype == torch.int32
             claim_dq.zero_()
         if plan["deterministic"]:
             sem_dq = extra.pop(0)
@@ -351,10 +353,13 @@ def test_autograd_matches_reference_with_every_kernel_argument(build_pkg, monkey
 def test_persistent_backward_launch_ends_in_its_cta_count(build_pkg, monkeypatch):
     """An MHA spec without a mask gets the persistent backward (one CTA per SM over the key-block tiles): its
     launch carries the CTA count after the run-time arguments (off CUDA the plan's stand-in, on a GPU its SM
-    count), and autograd's gradients are the reference's."""
+    count), and autograd's gradients are the reference's. Its dQ conversion overlaps the last round
+    (plan dq_post_overlap): the claim flags end in one more int32 per (batch, head), its count of landed key
+    blocks (the stand-in checks the shape)."""
     pkg = build_pkg(**SPECS["none_mha"])
     plan = pkg._forward.bwd_plans["sm90"]
     assert plan["scheduler"] == "persistent" and not pkg._forward.bwd_mha_plans
+    assert plan["dq_post_overlap"] and plan["dq_claim"]
     fake = FakeKernels(pkg._forward).install(monkeypatch)
     q, k, v = _inputs(pkg, h=4, h_kv=4, seed=21)
     out = pkg.attention(q, k, v)

@@ -299,7 +299,11 @@ def test_handoffs_store_each_chunks_first_dq(compiled, cache_root):
     once the stores landed (a gpu-scope fence, then a reduction: at the next block's start or after the last
     block), while
     the others add at once if their claim saw the release, else poll for it first (acquire loads). Varlen
-    without a mask only reduce-adds into the accumulator the preprocess zeroed."""
+    without a mask only reduce-adds into the accumulator the preprocess zeroed. With the overlapped dQ conversion
+    (plan dq_post_overlap, the persistent no-mask backward) the main kernel lets its dependents launch at its
+    start (PREEXIT) and its dQ warp counts each tile once its adds have landed (one more fence and reduction);
+    the conversion polls that count (acquire loads: a first load and the loop) before it reads a chunk, and its
+    last CTA waits for the main kernel's end before it exits."""
     from fa4gen.compile.cache import DiskCache
 
     entries = {e.meta.get("name"): e for e in DiskCache(cache_root).ls()}
@@ -310,6 +314,7 @@ def test_handoffs_store_each_chunks_first_dq(compiled, cache_root):
             main = _function_sass(text, "FlashBwd")
             stores = re.findall(r"\bUBLKCP\.G\.S\b", main)
             flagged = plan.deterministic or plan.dq_claim
+            overlap = int(plan.dq_post_overlap)
             assert len(stores) == (2 if flagged else 0), (name, len(stores))
             assert len(re.findall(r"\bUBLKRED\b", main)) == 2, name
             assert plan.dq_claim == (not plan.deterministic), name
@@ -318,13 +323,20 @@ def test_handoffs_store_each_chunks_first_dq(compiled, cache_root):
                 assert len(re.findall(r"\bATOMG\.E\.ADD\.STRONG\.GPU\b", main)) == 3, name
                 # the releases, each after a fence: the last block's at the next block's start and after the
                 # last block
-                assert len(re.findall(r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b", main)) == 2, name
-                assert len(re.findall(r"\bMEMBAR\.ALL\.GPU\b", main)) == 2, name
-            post = re.findall(r"\bLDG(?:\.[A-Z0-9]+)*", _function_sass(text, "ConvertChunks"))
+                # (and with the overlapped conversion the tile's count, after a fence of its own)
+                assert len(re.findall(r"\bREDG\.E\.ADD\.S32\.STRONG\.GPU\b", main)) == 2 + overlap, name
+                assert len(re.findall(r"\bMEMBAR\.ALL\.GPU\b", main)) == 2 + overlap, name
+            post_sass = _function_sass(text, "ConvertChunks")
+            post = re.findall(r"\bLDG(?:\.[A-Z0-9]+)*", post_sass)
             if not plan.varlen:  # (varlen also reads cu_seqlens)
-                assert sum(not o.endswith(".128") for o in post) == int(flagged), (name, post)
-            seen.add((plan.deterministic, plan.dq_claim))
-    assert {(False, True), (True, False)} <= seen, seen  # (no spec has a maskless varlen non-deterministic backward)
+                assert sum(not o.endswith(".128") for o in post) == int(flagged) + 2 * overlap, (name, post)
+            assert post.count("LDG.E.STRONG.GPU") == 2 * overlap, (name, post)
+            assert len(re.findall(r"\bPREEXIT\b", main)) == overlap, name
+            # (and its last CTA waits for the main kernel's end before it exits: griddepcontrol.wait)
+            assert len(re.findall(r"\bACQBULK\b", post_sass)) == overlap, name
+            seen.add((plan.deterministic, plan.dq_claim, plan.dq_post_overlap))
+    # (no spec has a maskless varlen non-deterministic backward)
+    assert {(False, True, False), (False, True, True), (True, False, False)} <= seen, seen
 
 
 def _check_backward_sass(name, plan, r, s):

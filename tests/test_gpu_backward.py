@@ -326,18 +326,60 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
 PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha", "gb_bf16_d96_none_mha", "gb_fp16_d64_causal_mha"]
 
 
+def test_overlapped_dq_conversion_replays_in_a_cuda_graph():
+    """The persistent no-mask backward with its dQ conversion launched as a programmatic dependent (plan
+    dq_post_overlap) captured in a CUDA graph, as torch.compile's reduce-overhead mode and whole-step capture do:
+    the capture keeps the launch attribute as a programmatic edge, and every replay on new inputs gives gradients
+    within the golden budget of the fp32 reference (more tiles than SMs, so the last round is partial)."""
+    name = "gb_bf16_d128_none_mha"
+    pkg, spec = _package(name), _resolved(name)
+    assert pkg._forward.bwd_plans["sm90"]["dq_post_overlap"]
+    b, s, h = 4, 1000, 16  # 4 x 16 x 8 = 512 key-block tiles
+    gen = torch.Generator(device="cuda").manual_seed(72)
+    static = _inputs(spec, b, s, s, h, h, gen)
+    dout = torch.randn(b, s, h, spec["head_dim"], device="cuda", dtype=static[0].dtype, generator=gen)
+    side = torch.cuda.Stream()  # warm up off the capturing stream (torch's rule for graph capture)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        pkg.attention(*static).backward(dout)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        pkg.attention(*static).backward(dout)
+    sem = _semantics(spec, None, None)
+    for seed in range(3):
+        fresh = _inputs(spec, b, s, s, h, h, torch.Generator(device="cuda").manual_seed(100 + seed))
+        with torch.no_grad():
+            for t, f in zip(static, fresh):
+                t.copy_(f)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = attention_ref_grads(*fresh, dout, **sem)
+        low = attention_ref_grads(*fresh, dout, upcast=False, **sem)
+        for g_name, t, r, lo in zip(("dq", "dk", "dv"), static, ref, low):
+            err = (t.grad.float() - r).abs().max().item()
+            budget = _budget(lo, r, sem["softcap"])
+            assert err <= budget, f"replay {seed}: {g_name} max error {err:.3g} > budget {budget:.3g}"
+
+
 @pytest.mark.parametrize("name", PERSISTENT_SPECS)
 def test_persistent_backward_strides_over_many_tiles(name, monkeypatch):
     """SHAPES hold fewer (key block, head, batch) tiles than the persistent grid's CTAs, so each CTA runs one; here
     every CTA runs several: calls of more tiles than the GPU has SMs, and small calls again with the CTA count held at
     3 (K / V reloaded per tile once the last tile's dK / dV have left their buffers, the Q / dO rings, the dQ hand-off
-    and its claims carried across tiles of other heads and batches; partial last key blocks and query tiles)."""
+    and its claims carried across tiles of other heads and batches; partial last key blocks and query tiles).
+    Without a mask the dQ conversion overlaps the main kernel (plan dq_post_overlap): with 3 CTAs, or 1, most SMs
+    are free from the start, so its CTAs are placed at once and wait on their (batch, head)'s count of landed key
+    blocks while the main kernel's few CTAs add into dQ pair by pair."""
     pkg, spec = _package(name), _resolved(name)
     op = pkg._forward
     assert op.bwd_plans["sm90"]["scheduler"] == "persistent"
+    assert op.bwd_plans["sm90"]["dq_post_overlap"] == (spec["mask"]["kind"] == "none")
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
     runs = [(None, (4, 1000, 777, 8, 8)), (None, (2, 300, 2000, 16, 16)),
-            (3, (1, 77, 130, 4, 4)), (3, (3, 256, 384, 2, 2)), (3, (2, 1, 300, 3, 3))]
+            (3, (1, 77, 130, 4, 4)), (3, (3, 256, 384, 2, 2)), (3, (2, 1, 300, 3, 3)), (1, (2, 200, 500, 3, 3))]
     device = torch.cuda.current_device()
     for ctas, (b, s_q, s_k, h, h_kv) in runs:
         if ctas is not None:

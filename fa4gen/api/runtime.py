@@ -849,7 +849,8 @@ class ForwardOp:
             tensors += [torch.zeros(k.shape, **f32), torch.zeros(v.shape, **f32)]
         # the claim flags / turn counters: one per query tile, zeroed by the backward's preprocess kernel
         if plan.get("dq_claim", False):  # (lock files written before session 22 lack the field)
-            tensors.append(torch.empty((b, h, q_tiles), **i32))  # claim_dq: a flag per query tile
+            # claim_dq: a flag per query tile (and, with dq_post_overlap, the pair's count of landed key blocks)
+            tensors.append(torch.empty((b, h, q_tiles + int(plan.get("dq_post_overlap", False))), **i32))
         if plan["deterministic"]:
             k_tiles = -(-s_k // plan["tile_n"]) + (packed.batch if packed is not None else 0)
             tensors.append(torch.empty((b, h, q_tiles), **i32))  # sem_dq

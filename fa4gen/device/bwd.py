@@ -61,12 +61,15 @@ class Preprocess:
     fill of its own (a `torch.zeros` was a launch and ~9 us of host time per backward on the H200, session 28):
     the main kernel, launched after this one on the same stream, reads it from zero as before."""
 
-    def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True, tile_m: int = 0):
+    def __init__(self, head_dim_v: int, head_dim: int, zero_dq: bool = True, tile_m: int = 0,
+                 count_slot: bool = False):
         self.head_dim_v = head_dim_v
         self.head_dim = head_dim
         # False: the main kernel stores each query tile's first dQ chunks (the deterministic hand-off)
         self.zero_dq = zero_dq
         self.tile_m = tile_m  # the query tile of mSem's entries (needed only with mSem)
+        # mSem ends in one more entry per (batch, head): its count of landed key blocks (sm90.ConvertChunks' overlap)
+        self.count_slot = count_slot
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mdLSE: cute.Tensor,
@@ -84,6 +87,10 @@ class Preprocess:
         first = blk * ROWS_PER_CTA
         if cutlass.const_expr(mSem is not None):
             _zero_tile_flags(mSem, batch, head, first, self.tile_m)
+            if cutlass.const_expr(self.count_slot):
+                tidx, _, _ = cute.arch.thread_idx()
+                if blk == 0 and tidx == 0:
+                    mSem[batch, head, mSem.shape[2] - 1] = Int32(0)
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - first, ROWS_PER_CTA)
         zero = (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA) if self.zero_dq else None
         _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, batch, head, row, row, row < mO.shape[1],
@@ -317,6 +324,16 @@ def wait_turn_at_least(counter, turn: Int32):
     seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
     while seen < turn:
         seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
+
+
+@cute.jit
+def wait_count(counter, count: Int32):
+    """Spin (one thread) until the counter at `counter` reads `count` or more, by acquire loads: for a count
+    that many CTAs poll at once (the dQ conversion's per-(batch, head) count of landed key blocks), where
+    atomics would queue at the counter's L2 slice beside the main kernel's claims."""
+    seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
+    while seen < count:
+        seen = cute.arch.load(counter, Int32, sem="acquire", scope="gpu")
 
 
 @cute.jit

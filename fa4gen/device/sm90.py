@@ -18,7 +18,7 @@ from cutlass.cute.nvgpu import OperandMajorMode, cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory import SmemAllocator
 
-from fa4gen.device import varlen
+from fa4gen.device import bwd, varlen
 
 
 def tma_split(atom: cute.CopyAtom, s: cute.Tensor, g: cute.Tensor):
@@ -249,9 +249,16 @@ class ConvertChunks:
     bound) zero dQ's rows after the last sequence, which no tile owns, and with `mdK` / `mdV` / `mCuK` (the
     MHA backward's gradients, which the main kernel writes sequence by sequence) dK's and dV's rows after
     the last key sequence: a packed tensor may end in rows no sequence covers (the padding of static
-    shapes), and their gradient is 0, with no fill of the whole tensor before the launch."""
+    shapes), and their gradient is 0, with no fill of the whole tensor before the launch.
+    `overlap` (the persistent no-mask backward, plan.dq_post_overlap): launched with programmatic dependent
+    launch, so its CTAs take the SMs that the main kernel's last, partial round leaves idle while the last
+    tiles run; a CTA waits (thread 0, acquire) until its (batch, head)'s count of landed key blocks, mSem's
+    last entry, reaches `key_blocks`, instead of for the whole main kernel. The main kernel never waits for
+    this one, so a CTA placed early only spins on an SM that has no main-kernel CTA left; the grid's last CTA
+    waits for the main kernel's end (griddepcontrol.wait) before it exits."""
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool):
+    def __init__(self, dtype, head_dim: int, tile_m: int, varlen: bool, overlap: bool = False):
+        self.overlap = overlap
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
@@ -265,22 +272,29 @@ class ConvertChunks:
     @cute.jit
     def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, scale: Float32, mCuQ: Optional[cute.Tensor],
                  mSem: Optional[cute.Tensor], stream, mdK: Optional[cute.Tensor] = None,
-                 mdV: Optional[cute.Tensor] = None, mCuK: Optional[cute.Tensor] = None):
+                 mdV: Optional[cute.Tensor] = None, mCuK: Optional[cute.Tensor] = None, key_blocks: Int32 = 0):
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, OperandMajorMode.K, OperandMajorMode.MN, Float32, (1, 1, 1), (64, self.dq_n)
         )
         tiles = mAcc.shape[2] // (self.tile_m * self.head_dim)
         smem = self.tile_m * self.row_pitch * (self.dtype.width // 8) if cutlass.const_expr(self.staged) else 0
-        self.kernel(mAcc, mdQ, mCuQ, mSem, tiled_mma, scale, mdK, mdV, mCuK).launch(
-            grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], smem=smem, stream=stream
+        self.kernel(mAcc, mdQ, mCuQ, mSem, tiled_mma, scale, mdK, mdV, mCuK, Int32(key_blocks)).launch(
+            grid=(tiles, mAcc.shape[1], mAcc.shape[0]), block=[2 * CHUNK_THREADS, 1, 1], smem=smem, stream=stream,
+            use_pdl=self.overlap,
         )
 
     @cute.kernel
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mCuQ: Optional[cute.Tensor], mSem: Optional[cute.Tensor],
                tiled_mma: cute.TiledMma, scale: Float32, mdK: Optional[cute.Tensor], mdV: Optional[cute.Tensor],
-               mCuK: Optional[cute.Tensor]):
+               mCuK: Optional[cute.Tensor], key_blocks: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         tile, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.overlap):
+            # every key block of this (batch, head) has counted its dQ adds as landed (the count's release pairs
+            # with this acquire); the barrier carries the order to the CTA's other threads
+            if tidx == 0:
+                bwd.wait_count(bwd.element_ptr(mSem, (batch, head, mSem.shape[2] - 1)), key_blocks)
+            cute.arch.sync_threads()
         if cutlass.const_expr(self.varlen):
             total = mdQ.shape[1]
             num_seqs = cute.size(mCuQ.shape[0]) - 1
@@ -302,6 +316,14 @@ class ConvertChunks:
                 self.convert(mAcc, mdQ, mSem, tiled_mma, scale, tile, head, batch, offset, seqlen, m_block, tidx)
         else:
             self.convert(mAcc, mdQ, mSem, tiled_mma, scale, tile, head, batch, Int32(0), mdQ.shape[1], tile, tidx)
+        if cutlass.const_expr(self.overlap):
+            # the grid's last CTA ends only once the main kernel has (and its memory operations are visible): so
+            # this grid never completes before the main kernel, and whatever the stream runs next (reading dK /
+            # dV, which the main kernel's last tiles store) is ordered after both, not only after this one. One
+            # CTA, dispatched last, so the wait holds no slot another CTA of this grid could use
+            nx, ny, nz = cute.arch.grid_dim()
+            if tile == nx - 1 and head == ny - 1 and batch == nz - 1:
+                cute.arch.griddepcontrol_wait()
 
     @cute.jit
     def convert(self, mAcc: cute.Tensor, mdQ: cute.Tensor, mSem: Optional[cute.Tensor], tiled_mma: cute.TiledMma,

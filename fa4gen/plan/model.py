@@ -141,6 +141,10 @@ class KernelPlan:
     # non-deterministic hand-off: the first key block to reach a query tile stores its dQ chunks (a claim flag
     # per tile), the others add once they have landed, so nothing zeroes the fp32 accumulator
     dq_claim: bool = False
+    # the dQ conversion (sm90.ConvertChunks) launched with programmatic dependent launch: its CTAs run on the SMs that
+    # the persistent loop's last, partial round leaves idle, each once its (batch, head)'s key blocks have counted
+    # their dQ adds as landed (a count after the claim flags), instead of after the whole main kernel
+    dq_post_overlap: bool = False
     dkv_transposed: bool = False  # dKᵀ = Qᵀ·dS and dVᵀ = dOᵀ·P (head dims on WGMMA's M; tile_n 96 at (192, 128))
     dkv_elementwise: bool = False  # MHA dK/dV to smem value by value (head-dim halves no multiple of stmatrix's 16)
     swap_sdp: bool = False  # compute Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ so Pᵀ and dSᵀ feed dV and dK from registers

@@ -774,7 +774,24 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
     elif persistent:
         plan = replace(plan, notes=plan.notes + (_staging_note(plan.dkv_staging),))
         plan = _second_kv_stage(plan)
+        if spec.mask.kind == "none":
+            plan = _dq_post_overlap(plan)
     return plan
+
+
+def _dq_post_overlap(plan: KernelPlan) -> KernelPlan:
+    """The persistent no-mask backward's dQ conversion overlapping the main kernel's last round (plan
+    dq_post_overlap). Its tiles go round-robin with key blocks fastest, so a (batch, head)'s key blocks run as
+    consecutive tiles and by the last round every pair but the last few is complete; the last round is partial
+    (16k tokens at hidden 2048: 4,096 tiles at d64, 2,048 at d128, on 132 SMs leave 4 / 68 SMs busy), and the SMs
+    without a tile sit idle until the last ones end (~10 us at d64 s512, ~36 us at s2k: 3.0-4.0% of the main
+    kernel's span, session 71's timelines), while the conversion (~49 us, DRAM-bound) waits for all of it. Each
+    key block's dQ warp counts its tile once its adds have landed; the conversion's CTAs, launched as dependents
+    once every main-kernel CTA has started, wait for their pair's count instead of the grid's end."""
+    note = ("dQ conversion overlapped: launched as a programmatic dependent of the main kernel, each CTA waiting for "
+            "its (batch, head)'s key blocks to count their dQ adds as landed, so it runs on the SMs the last, "
+            "partial round leaves idle")
+    return replace(plan, dq_post_overlap=True, notes=plan.notes + (note,))
 
 
 def _second_kv_stage(plan: KernelPlan) -> KernelPlan:
