@@ -90,7 +90,7 @@ class Preprocess:
             if cutlass.const_expr(self.count_slot):
                 tidx, _, _ = cute.arch.thread_idx()
                 if blk == 0 and tidx == 0:
-                    mSem[batch, head, mSem.shape[2] - 1] = Int32(0)
+                    cute.arch.store(landed_count(mSem, batch, head), Int32(0))
         rows = cutlass.min(mdQacc.shape[2] // self.head_dim - first, ROWS_PER_CTA)
         zero = (mdQacc, batch, head, first, rows, self.head_dim, ROWS_PER_CTA) if self.zero_dq else None
         _preprocess_row(self.head_dim_v, mO, mdO, mLSE, mdLSE, mLSE2, mD, batch, head, row, row, row < mO.shape[1],
@@ -326,6 +326,13 @@ def wait_turn_at_least(counter, turn: Int32):
         seen = cute.arch.atomic_add(counter, Int32(0), sem="acquire", scope="gpu")
 
 
+def landed_count(mSem: cute.Tensor, batch, head):
+    """Pointer to (batch, head)'s count of key blocks whose dQ adds have landed: the entry after the pair's claim
+    flags (the runtime allocates q_tiles + 1 per pair with plan.dq_post_overlap). The preprocess zeroes it, the
+    main kernel's dQ warp adds one per key block (`pass_turn`), sm90.ConvertChunks waits on it (`wait_count`)."""
+    return element_ptr(mSem, (batch, head, mSem.shape[2] - 1))
+
+
 @cute.jit
 def wait_count(counter, count: Int32):
     """Spin (one thread) until the counter at `counter` reads `count` or more, by acquire loads: for a count
@@ -383,4 +390,4 @@ def wait_landed(flag):
 
 
 __all__ = ["CLAIM_LANDED", "Convert", "Preprocess", "PreprocessVarlen", "claim", "element_ptr", "held_view",
-           "pass_turn", "peek_turn", "release", "wait_landed", "wait_turn", "wait_turn_at_least"]
+           "landed_count", "pass_turn", "peek_turn", "release", "wait_landed", "wait_turn", "wait_turn_at_least"]

@@ -293,7 +293,7 @@ class ConvertChunks:
             # every key block of this (batch, head) has counted its dQ adds as landed (the count's release pairs
             # with this acquire); the barrier carries the order to the CTA's other threads
             if tidx == 0:
-                bwd.wait_count(bwd.element_ptr(mSem, (batch, head, mSem.shape[2] - 1)), key_blocks)
+                bwd.wait_count(bwd.landed_count(mSem, batch, head), key_blocks)
             cute.arch.sync_threads()
         if cutlass.const_expr(self.varlen):
             total = mdQ.shape[1]

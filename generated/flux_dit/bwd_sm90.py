@@ -372,7 +372,7 @@ class FlashBwdSm90:
                     # this key block's dQ adds have landed: count it for the (batch, head)'s dQ conversion, whose CTAs
                     # wait for num_n (the count sits after the pair's claim flags)
                     if cute.arch.lane_idx() == 0:
-                        bwd.pass_turn(bwd.element_ptr(mSemQ, (batch, head, mSemQ.shape[2] - 1)))
+                        bwd.pass_turn(bwd.landed_count(mSemQ, batch, head))
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
