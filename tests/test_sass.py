@@ -445,6 +445,10 @@ def test_stall_counts_come_from_the_high_word_and_sum_per_loop():
     assert tool.loop_rows(text) == [(7, 1, 3, 0)]  # the listing still reads as disassemble's
     (line,) = tool.loop_cycles(text)
     assert "38 issue cycles" in line and "3 MUFU.EX2 over 31 cycles / 4 instructions" in line
+    (by_op,) = tool.loop_op_cycles(text)  # per base opcode, predicates and modifiers dropped
+    assert by_op == {"HGMMA": 1, "FFMA": 1, "MUFU": 8 + 1 + 15, "F2FP": 7, "BRA": 5}
+    line, ops_line = tool.loop_cycles(text, ops=2)
+    assert "38 issue cycles" in line and ops_line.split("cycles: ")[1] == "MUFU 24, F2FP 7"
 
 
 @pytest.mark.compile

@@ -70,11 +70,31 @@ def loop_cycle_rows(control_text: str, min_mma: int = 1) -> list[tuple[int, int,
     return rows
 
 
-def loop_cycles(control_text: str, min_mma: int = 1) -> list[str]:
-    """`loop_cycle_rows` as listing lines."""
-    return [f"    loop: {n:5d} instructions  {cycles:5d} issue cycles  "
-            + (f"{ex2} MUFU.EX2 over {stream} cycles / {stream_n} instructions" if ex2 else "no MUFU.EX2")
-            for n, cycles, ex2, stream, stream_n in loop_cycle_rows(control_text, min_mma)]
+def loop_op_cycles(control_text: str, min_mma: int = 1) -> list[Counter]:
+    """Static issue cycles per opcode (without modifiers or predicate) of each loop `loop_cycle_rows` lists: where a
+    loop's cycles go (session 74: the d128 causal backward's mask-free loop against flash-attn-4's)."""
+    from fa4gen.compile.sass import issue_cycles, summarize_sass
+
+    per_loop = []
+    for body, _ in _mma_loops(control_text, min_mma):
+        cycles = Counter()
+        for line in body:
+            (op,) = summarize_sass(line).opcodes or ("",)
+            cycles[op] += issue_cycles([line])
+        per_loop.append(cycles)
+    return per_loop
+
+
+def loop_cycles(control_text: str, min_mma: int = 1, ops: int = 0) -> list[str]:
+    """`loop_cycle_rows` as listing lines, with `ops` the loop's `ops` opcodes of the most issue cycles under each."""
+    lines = []
+    by_op = loop_op_cycles(control_text, min_mma) if ops else None
+    for i, (n, cycles, ex2, stream, stream_n) in enumerate(loop_cycle_rows(control_text, min_mma)):
+        lines.append(f"    loop: {n:5d} instructions  {cycles:5d} issue cycles  "
+                     + (f"{ex2} MUFU.EX2 over {stream} cycles / {stream_n} instructions" if ex2 else "no MUFU.EX2"))
+        if by_op:
+            lines.append("          cycles: " + ", ".join(f"{op} {c}" for op, c in by_op[i].most_common(ops)))
+    return lines
 
 
 def loop_ops(sass_text: str, min_mma: int = 1) -> list[Counter]:
@@ -93,7 +113,8 @@ def main(argv=None) -> int:
                     help="also print each loop's N most frequent opcodes (e.g. the uniform-datapath address math)")
     ap.add_argument("--dump", type=Path, default=None, help="also write each kernel's SASS listing into this folder")
     ap.add_argument("--cycles", action="store_true",
-                    help="also print each loop's static issue cycles and MUFU.EX2 stream (from the control codes)")
+                    help="also print each loop's static issue cycles and MUFU.EX2 stream (from the control codes); "
+                         "with --ops N, also its N opcodes of the most issue cycles")
     args = ap.parse_args(argv)
     os.environ.setdefault("FA4GEN_QUIET", "1")
     from fa4gen.builder import compile_for_sass, plan_spec
@@ -121,7 +142,7 @@ def main(argv=None) -> int:
                 control = control_listing(entry.artifact_path.read_bytes())
                 if args.dump is not None:
                     (args.dump / f"{spec.name}.{plan.module}.control.sass").write_text(control)
-                for line in loop_cycles(control, args.min_mma):
+                for line in loop_cycles(control, args.min_mma, args.ops):
                     print(line)
     return 0
 
