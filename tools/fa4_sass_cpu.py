@@ -70,7 +70,8 @@ def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: P
 
 def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
     """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py), and with `cycles`
-    a line per loop of its static issue cycles (tools/sass_loops.py --cycles; with `ops`, its opcodes of the most cycles)."""
+    a line per loop of its static issue cycles (tools/sass_loops.py --cycles; with `ops`, also its opcodes of the
+    most cycles)."""
     from sass_loops import loop_cycles, loop_lines, loop_rows
 
     from fa4gen.compile.sass import disassemble_with_control

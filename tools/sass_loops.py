@@ -79,8 +79,8 @@ def loop_op_cycles(control_text: str, min_mma: int = 1) -> list[Counter]:
     for body, _ in _mma_loops(control_text, min_mma):
         cycles = Counter()
         for line in body:
-            (op,) = summarize_sass(line).opcodes or ("",)
-            cycles[op] += issue_cycles([line])
+            for op in summarize_sass(line).opcodes:  # one, or none on a line that holds no instruction
+                cycles[op] += issue_cycles([line])
         per_loop.append(cycles)
     return per_loop
 
