@@ -19,7 +19,10 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("ta
 
 _CASES = '''
 import os
+import warnings
 import pytest
+
+warnings.warn("a collection warning naming test_cases.py::test_case (not an id)")  # in --co's warnings summary
 
 @pytest.mark.parametrize("i", range(7))
 def test_case(i):
@@ -58,6 +61,7 @@ def test_every_test_runs_once_over_the_parts(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(r.split()[0] for r in ran) == sorted([*map(str, range(7)), "other"])
     assert len({r.split()[1] for r in ran}) == 3  # three processes
+    assert "8 tests in 3 parts" in done.stderr  # the warnings summary's lines are no ids
     assert re.findall(r"^== (part_\d): exit 0", done.stdout, re.M) == ["part_0", "part_1", "part_2"]
     logs = _logs(tmp_path)
     assert sorted(logs) == ["part_0.txt", "part_1.txt", "part_2.txt"]

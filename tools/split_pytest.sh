@@ -20,7 +20,8 @@ ids=$(mktemp -t split_pytest_ids.XXXXXX)
 trap 'rm -f "$ids" "$ids.out"' EXIT
 collect=0
 "$py" -m pytest --co -q -p no:cacheprovider "$@" > "$ids.out" 2>&1 || collect=$?
-grep '::' "$ids.out" > "$ids" || true
+# the ids are the lines before the first blank one (a warnings summary may follow with lines of its own)
+awk 'NF == 0 { exit } /::/' "$ids.out" > "$ids"
 if [[ ! -s $ids ]]; then
   tail -5 "$ids.out" >&2
   echo "split_pytest: no tests collected (pytest --co exit status $collect)" >&2
