@@ -7,7 +7,8 @@
 #   with a packed tree: tools/tree_run.sh NAME -- tools/split_pytest.sh 4 tests/test_gpu_backward.py
 #
 # The selection is collected once (`pytest --co -q`) and its test ids dealt out in turn, so every test runs exactly
-# once; PYTEST_ARGS's options (what starts with '-', and the value after -k / -m / -p) go to every part. Parts are
+# once; PYTEST_ARGS's options (what starts with '-', and the value after -k / -m / -p) go to every part: give any
+# other option that takes a value as --name=value (a separate value would be read as a path). Parts are
 # named part_0 ... (SPLIT_PYTEST_NAME=X: X_0 ...); logs and exit status as gpu_parallel.sh's (the number of parts
 # that failed; with $OUT set the logs come back in $OUT/gpu_parallel.tgz). Nothing selected: pytest's status 5.
 set -euo pipefail
