@@ -300,7 +300,7 @@ def test_handoffs_store_each_chunks_first_dq(compiled, cache_root):
     block), while
     the others add at once if their claim saw the release, else poll for it first (acquire loads). Varlen
     without a mask only reduce-adds into the accumulator the preprocess zeroed. With the overlapped dQ conversion
-    (plan dq_post_overlap, the persistent no-mask backward) the main kernel lets its dependents launch at its
+    (plan dq_post_overlap, the MHA backward with the claim) the main kernel lets its dependents launch at its
     start (PREEXIT) and its dQ warp counts each tile once its adds have landed (one more fence and reduction);
     the conversion polls that count (acquire loads: a first load and the loop) before it reads a chunk, and its
     last CTA waits for the main kernel's end before it exits."""

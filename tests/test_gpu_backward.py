@@ -364,19 +364,46 @@ def test_overlapped_dq_conversion_replays_in_a_cuda_graph():
             assert err <= budget, f"replay {seed}: {g_name} max error {err:.3g} > budget {budget:.3g}"
 
 
+# one CTA per (key block, head, batch) with the overlapped dQ conversion (the MHA twin of an allow_gqa spec): causal
+# in head groups, a window and a chunked mask with key blocks fastest
+GRID_OVERLAP_SPECS = ["gb_bf16_d128_causal_gqa", "gp_fp16_d128_window_softcap_noswap_plain", "gb_bf16_d64_chunked_gqa"]
+
+
+@pytest.mark.parametrize("name", GRID_OVERLAP_SPECS)
+def test_overlapped_dq_conversion_on_the_grid(name, monkeypatch):
+    """The grid backward (one CTA per key block) with its dQ conversion launched as a programmatic dependent (plan
+    dq_post_overlap): the conversion may launch only once the last main-kernel CTAs are placed, then takes the SMs
+    they leave and waits per (batch, head) for the count of landed key blocks. Calls of several waves (512 CTAs and
+    more on 132 SMs, partial last key blocks and query tiles, key blocks that no query reaches at s_k > s_q) give
+    gradients within the golden budget of the fp32 reference, the call's own window / chunk included."""
+    pkg, spec = _package(name), _resolved(name)
+    op = pkg._forward
+    picked, pick = [], op.backward_plan
+
+    def recording(arch, h, h_kv, batch=0, seqlen_k=0):
+        plan = pick(arch, h, h_kv, batch, seqlen_k)
+        picked.append(plan)
+        return plan
+
+    monkeypatch.setattr(op, "backward_plan", recording)
+    _check_backward(name, pkg, spec, [(4, 1000, 1000, 16, 16), (2, 700, 1900, 12, 12), (3, 1500, 999, 8, 8)])
+    assert [(p["module"], p["scheduler"], p["dq_post_overlap"]) for p in picked] == [
+        ("bwd_sm90_mha", "grid", True)] * 3
+
+
 @pytest.mark.parametrize("name", PERSISTENT_SPECS)
 def test_persistent_backward_strides_over_many_tiles(name, monkeypatch):
     """SHAPES hold fewer (key block, head, batch) tiles than the persistent grid's CTAs, so each CTA runs one; here
     every CTA runs several: calls of more tiles than the GPU has SMs, and small calls again with the CTA count held at
     3 (K / V reloaded per tile once the last tile's dK / dV have left their buffers, the Q / dO rings, the dQ hand-off
     and its claims carried across tiles of other heads and batches; partial last key blocks and query tiles).
-    Without a mask the dQ conversion overlaps the main kernel (plan dq_post_overlap): with 3 CTAs, or 1, most SMs
-    are free from the start, so its CTAs are placed at once and wait on their (batch, head)'s count of landed key
-    blocks while the main kernel's few CTAs add into dQ pair by pair."""
+    The dQ conversion overlaps the main kernel (plan dq_post_overlap): with 3 CTAs, or 1, most SMs are free from
+    the start, so its CTAs are placed at once and wait on their (batch, head)'s count of landed key blocks while
+    the main kernel's few CTAs add into dQ pair by pair (causal: in the paired order, pairs out of order)."""
     pkg, spec = _package(name), _resolved(name)
     op = pkg._forward
     assert op.bwd_plans["sm90"]["scheduler"] == "persistent"
-    assert op.bwd_plans["sm90"]["dq_post_overlap"] == (spec["mask"]["kind"] == "none")
+    assert op.bwd_plans["sm90"]["dq_post_overlap"]
     gen = torch.Generator(device="cuda").manual_seed(zlib.crc32(name.encode()) + 1)
     runs = [(None, (4, 1000, 777, 8, 8)), (None, (2, 300, 2000, 16, 16)),
             (3, (1, 77, 130, 4, 4)), (3, (3, 256, 384, 2, 2)), (3, (2, 1, 300, 3, 3)), (1, (2, 200, 500, 3, 3))]

@@ -960,9 +960,8 @@ def test_gqa_head_loop_backward_is_the_mha_plan_once_per_q_head():
                 "module", "allow_gqa", "gqa_head_loop", "min_kv_ctas", "mha_only", "notes", "scheduler",
                 "persistent_ctas", "kv_stages", "smem_bytes", "budgets", "dq_post_overlap"}
             assert all(getattr(loop, f) == getattr(mha, f) for f in same), (hd, mask)
-            # the overlapped dQ conversion is the persistent no-mask twin's alone
-            assert not loop.dq_post_overlap and mha.dq_post_overlap == (
-                mha.scheduler == "persistent" and mask["kind"] == "none"), (hd, mask)
+            # the overlapped dQ conversion: the MHA twin's with the claim, never the head loop's
+            assert not loop.dq_post_overlap and mha.dq_post_overlap == mha.dq_claim, (hd, mask)
             # the persistent MHA twin's second K / V stage (where it fits: d <= 96) is its only extra shared memory
             kv_bytes = loop.tile_n * (loop.head_dim + loop.head_dim_v) * 2
             assert loop.kv_stages == 1 and mha.kv_stages in (1, 2)

@@ -250,9 +250,9 @@ class ConvertChunks:
     MHA backward's gradients, which the main kernel writes sequence by sequence) dK's and dV's rows after
     the last key sequence: a packed tensor may end in rows no sequence covers (the padding of static
     shapes), and their gradient is 0, with no fill of the whole tensor before the launch.
-    `overlap` (the persistent no-mask backward, plan.dq_post_overlap): launched with programmatic dependent
-    launch, so its CTAs take the SMs that the main kernel's last, partial round leaves idle while the last
-    tiles run; a CTA waits (thread 0, acquire) until its (batch, head)'s count of landed key blocks, mSem's
+    `overlap` (the MHA backward with the claim, plan.dq_post_overlap): launched with programmatic dependent
+    launch, so its CTAs take the SMs that the main kernel's last CTAs (or its persistent loop's last, partial
+    round) leave idle while those run; a CTA waits (thread 0, acquire) until its (batch, head)'s count of landed key blocks, mSem's
     last entry, reaches `key_blocks`, instead of for the whole main kernel. The main kernel never waits for
     this one, so a CTA placed early only spins on an SM that has no main-kernel CTA left; the grid's last CTA
     waits for the main kernel's end (griddepcontrol.wait) before it exits."""

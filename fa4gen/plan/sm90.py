@@ -524,7 +524,7 @@ def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
     if not (spec.backward and spec.allow_gqa) or spec.varlen or spec.deterministic:
         return None
     # one CTA per (key block, kv head, batch) on the grid: the persistent MHA loop is not built with the head loop
-    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}), allow_persistent=False)
+    plan = plan_backward(spec.model_copy(update={"allow_gqa": False}), allow_persistent=False, allow_dq_overlap=False)
     if plan.dq_atomic:  # dQ added from the consumers' registers: not built with the head loop
         return None
     note = (f"dispatch: the API runs this kernel for GQA / MQA calls with at least {GQA_HEAD_LOOP_MIN_CTAS} CTAs (key "
@@ -534,13 +534,14 @@ def plan_backward_gqa(spec: AttentionSpec) -> KernelPlan | None:
                    min_kv_ctas=GQA_HEAD_LOOP_MIN_CTAS, notes=(*plan.notes, note))
 
 
-def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
-                  masked_persistent: bool = False) -> KernelPlan | None:
+def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True, masked_persistent: bool = False,
+                  allow_dq_overlap: bool = True) -> KernelPlan | None:
     """The SM90 backward (preprocess, main dQ/dK/dV kernel, postprocess) of a spec with backward: true.
     allow_persistent=False keeps one CTA per tile where the persistent loop would be planned (the GQA head-loop
     kernel, built and measured on the grid). masked_persistent=True plans the causal kernel persistent also where its
     staged epilogue has barriers (d80-d128), which measured slower than one CTA per tile (session 68): for
-    tools/bwd_timeline.py --persistent, to measure that kernel; never set by a build."""
+    tools/bwd_timeline.py --persistent, to measure that kernel; never set by a build. allow_dq_overlap=False keeps
+    the dQ conversion after the main kernel (the GQA head-loop kernel, whose count would be per q head of a group)."""
     if not spec.backward:
         return None
     problems = []
@@ -774,23 +775,31 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True,
     elif persistent:
         plan = replace(plan, notes=plan.notes + (_staging_note(plan.dkv_staging),))
         plan = _second_kv_stage(plan)
-        if spec.mask.kind == "none":
-            plan = _dq_post_overlap(plan)
+    if plan.dq_claim and not spec.varlen and not spec.allow_gqa and allow_dq_overlap:
+        plan = _dq_post_overlap(plan)
     return plan
 
 
 def _dq_post_overlap(plan: KernelPlan) -> KernelPlan:
-    """The persistent no-mask backward's dQ conversion overlapping the main kernel's last round (plan
-    dq_post_overlap). Its tiles go round-robin with key blocks fastest, so a (batch, head)'s key blocks run as
-    consecutive tiles and by the last round every pair but the last few is complete; the last round is partial
-    (16k tokens at hidden 2048: 4,096 tiles at d64, 2,048 at d128, on 132 SMs leave 4 / 68 SMs busy), and the SMs
-    without a tile sit idle until the last ones end (~10 us at d64 s512, ~36 us at s2k: 3.0-4.0% of the main
-    kernel's span, session 71's timelines), while the conversion (~49 us, DRAM-bound) waits for all of it. Each
-    key block's dQ warp counts its tile once its adds have landed; the conversion's CTAs, launched as dependents
-    once every main-kernel CTA has started, wait for their pair's count instead of the grid's end."""
+    """The dQ conversion overlapping the main kernel's end (plan dq_post_overlap): every MHA backward with the
+    claim (non-deterministic, dQ through the hand-off), neither varlen nor GQA. The conversion's CTAs, launched as
+    programmatic dependents once every main-kernel CTA has started, wait for their (batch, head)'s count of
+    landed key blocks instead of for the grid's end, and take only SMs the main kernel has left (no room beside
+    one of its CTAs). Each schedule completes its pairs about in the conversion's (head, batch) order:
+    - persistent without a mask: tiles round-robin with key blocks fastest, so a pair's key blocks run as
+      consecutive tiles and by the partial last round every pair but the last few is complete (16k tokens at
+      hidden 2048: 4,096 tiles at d64, 2,048 at d128, on 132 SMs leave 4 / 68 SMs busy); the idle SMs wait
+      ~10 us at d64 s512, ~36 us at s2k (3.0-4.0% of the main kernel's span, session 71's timelines) while the
+      conversion (~49 us, DRAM-bound) waited for all of it (session 72, H100: +3.0% raw at s512-2k);
+    - the causal grid (d > 64): pairs in head groups about a wave wide, longest key blocks first, so every group
+      but the last is complete once the last CTAs are placed (which is when the dependents may launch), and the
+      SMs its shortest CTAs free take the conversion of the earlier groups;
+    - the causal persistent loop (d <= 64): pairs in the masked forward's paired order, which completes them out
+      of order in its tail; a conversion CTA placed before its pair completes only spins on an idle SM;
+    - the windowed / chunked grid: key blocks fastest, then heads, then batches, the conversion's order."""
     note = ("dQ conversion overlapped: launched as a programmatic dependent of the main kernel, each CTA waiting for "
-            "its (batch, head)'s key blocks to count their dQ adds as landed, so it runs on the SMs the last, "
-            "partial round leaves idle")
+            "its (batch, head)'s key blocks to count their dQ adds as landed, so it runs on the SMs the main "
+            "kernel's last CTAs leave idle")
     return replace(plan, dq_post_overlap=True, notes=plan.notes + (note,))
 
 
