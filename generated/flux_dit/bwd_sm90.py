@@ -113,7 +113,7 @@ class FlashBwdSm90:
             mSemQ,
             scale_log2, grad_scale, num_ctas, stream,
         )
-        # overlapping the main kernel's last round: each CTA waits for its (batch, head)'s key blocks
+        # overlapping the main kernel's end: each CTA waits for its (batch, head)'s key blocks
         hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False, overlap=True)(
             mdQacc, mdQ, grad_scale, None, mSemQ, stream, key_blocks=cute.ceil_div(mK.shape[1], TILE_N),
         )
@@ -211,7 +211,7 @@ class FlashBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         # the dQ conversion (a programmatic dependent) may be placed once every CTA here has started: it waits for
         # each (batch, head)'s count of landed key blocks, not for this grid's end, so its CTAs take the SMs that
-        # the last, partial round leaves idle (none is placed beside a CTA of this kernel: no room)
+        # this grid's last CTAs leave idle (none is placed beside a CTA of this kernel: no room)
         cute.arch.griddepcontrol_launch_dependents()
         # this CTA's tiles: cta, cta + num_cta, ... of (key block, head, batch), key blocks fastest (tile_coords)
         cta, _, _ = cute.arch.block_idx()

@@ -111,7 +111,8 @@ class FlashBwdSm90:
         stream,
     ):
         # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False, tile_m=TILE_M)(
+        # (and the count of landed key blocks after each (batch, head)'s flags: the dQ conversion's overlap)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False, tile_m=TILE_M, count_slot=True)(
             mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mSemQ, stream
         )
         self.main(
@@ -119,10 +120,9 @@ class FlashBwdSm90:
             mSemQ,
             scale_log2, grad_scale, stream,
         )
-        hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False)(
-            mdQacc, mdQ, grad_scale, None,
-            mSemQ,
-            stream,
+        # overlapping the main kernel's end: each CTA waits for its (batch, head)'s key blocks
+        hopper.ConvertChunks(DTYPE, HEAD_DIM, TILE_M, False, overlap=True)(
+            mdQacc, mdQ, grad_scale, None, mSemQ, stream, key_blocks=cute.ceil_div(mK.shape[1], TILE_N),
         )
 
     @cute.jit
@@ -219,6 +219,10 @@ class FlashBwdSm90:
         scale_log2: Float32, grad_scale: Float32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        # the dQ conversion (a programmatic dependent) may be placed once every CTA here has started: it waits for
+        # each (batch, head)'s count of landed key blocks, not for this grid's end, so its CTAs take the SMs that
+        # this grid's last CTAs leave idle (none is placed beside a CTA of this kernel: no room)
+        cute.arch.griddepcontrol_launch_dependents()
         # blockIdx (pair in group, key block, group): see the grid
         x, y, z = cute.arch.block_idx()
         gx, _, _ = cute.arch.grid_dim()
@@ -359,6 +363,10 @@ class FlashBwdSm90:
                     if cute.arch.lane_idx() == 0:
                         bwd.release(bwd.element_ptr(mSemQ, (batch, head, pend_m)))
                     pend = Int32(0)
+                # this key block's dQ adds have landed: count it for the (batch, head)'s dQ conversion, whose CTAs
+                # wait for num_n (the count sits after the pair's claim flags)
+                if cute.arch.lane_idx() == 0:
+                    bwd.pass_turn(bwd.landed_count(mSemQ, batch, head))
         else:
             cute.arch.warpgroup_reg_alloc(REGS_CONSUMER)
             tidx_c = tidx - 128
