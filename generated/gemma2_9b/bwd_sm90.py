@@ -107,7 +107,8 @@ class FlashBwdSm90:
         stream,
     ):
         # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
-        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True, tile_m=TILE_M)(
+        # (count_slot: and each (batch, head)'s count of landed key blocks, which the overlapped dQ conversion reads)
+        bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=True, tile_m=TILE_M, count_slot=False)(
             mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, None, stream
         )
         self.main(

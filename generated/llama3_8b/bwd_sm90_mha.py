@@ -111,7 +111,7 @@ class FlashBwdSm90:
         stream,
     ):
         # (mSemQ, the claim flags or turn counters, zeroed there too: the runtime allocates it without a fill)
-        # (and the count of landed key blocks after each (batch, head)'s flags: the dQ conversion's overlap)
+        # (count_slot: and each (batch, head)'s count of landed key blocks, which the overlapped dQ conversion reads)
         bwd.Preprocess(HEAD_DIM_V, HEAD_DIM, zero_dq=False, tile_m=TILE_M, count_slot=True)(
             mO, mdO, mLSE, mdLSE, mLSE2, mD, mdQacc, mSemQ, stream
         )
