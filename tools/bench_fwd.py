@@ -221,6 +221,16 @@ def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     return ms, grads
 
 
+# --clock-log: each timing's (time.time() start, end) per column, kept on the cell's row under "_spans" until the run
+# ends and tools/clock_log.py turns them into the row's "clocks" (mean SM clock / power over each column's timings)
+CLOCK_SPANS = False
+
+
+def _span(res: dict, column: str, t0: float) -> None:
+    if CLOCK_SPANS:
+        res.setdefault("_spans", {}).setdefault(column, []).append((t0, time.time()))
+
+
 def rotation(names, rep: int) -> list:
     """`names` in pass `rep`'s order: rotated by one per pass, so no implementation is always timed first."""
     names = list(names)
@@ -234,7 +244,9 @@ def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1)
     for rep in range(repeats):
         for name in rotation(impls, rep):
             try:
+                t0 = time.time()
                 ms, grads[name] = bwd_time_ms(impls[name], q, k, v)
+                _span(res, f"{name}_bwd", t0)
                 times[name].append(ms)
             except Exception as err:  # noqa: BLE001
                 res[f"{name}_bwd_error"] = f"{type(err).__name__}: {err}"[:200]
@@ -336,6 +348,10 @@ def main():
                          "fwd_sm90_long), for plan-only A/Bs of the dispatch thresholds; each row records the kernel "
                          "that ran (fa4gen_kernel). Pinned calls skip the API's call cache (every call runs its "
                          "argument checks, tens of µs of host time), so time cells whose kernel takes >= 0.5 ms")
+    ap.add_argument("--clock-log", action="store_true",
+                    help="sample the SM clock, power and temperature with nvidia-smi every 50 ms while the run "
+                         "times (tools/clock_log.py): each row gets 'clocks' (per column, the mean over its timings) "
+                         "and the markdown a clock table; the samples go to OUT/clock_log.csv")
     ap.add_argument("--skip", default="",
                     help="comma list of cudnn, sdpa_flash: not timed (their columns stay empty; the forward is still "
                          "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
@@ -358,7 +374,7 @@ def main():
         raise SystemExit(f"--chunk: expected a key count >= 1, forward only (not with --bwd or --window); got {args.chunk}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
         raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
-    global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF
+    global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF, CLOCK_SPANS
     DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF = args.bwd_dq_atomic, args.bwd_det_dq_atomic, args.bwd_dq_handoff
     if args.bwd_stages:
         from fa4gen.plan import sm90
@@ -404,6 +420,13 @@ def main():
     stem = "bench_bwd" if args.bwd else "bench_fwd"
     partial = out_dir / f"{stem}.partial.jsonl"
     partial.unlink(missing_ok=True)
+    clock = None
+    if args.clock_log:
+        from clock_log import ClockLog
+
+        clock = ClockLog(out_dir / "clock_log.csv")
+        CLOCK_SPANS = clock.start()
+        clock = clock if CLOCK_SPANS else None
     fa4 = _fa4()
     cudnn, flash = _sdpa("cudnn"), _sdpa("flash")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -470,7 +493,9 @@ def main():
                 for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
                     for name in rotation(impls, rep):
                         try:
+                            t0 = time.time()
                             times[name].append(bench_ms(impls[name]))
+                            _span(res, name, t0)
                         except Exception as err:  # noqa: BLE001
                             res[f"{name}_error"] = f"{type(err).__name__}: {err}"[:200]
                 for name, ms in times.items():
@@ -503,6 +528,10 @@ def main():
     # the matmul again at the end, so a "% of matmul" can quote both
     mm_ms = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median")
     matmul_after = round(2 * 8192**3 / (mm_ms * 1e-3) / 1e12, 1)
+    if clock is not None:
+        clock.stop()
+        for r in rows:
+            r["clocks"] = {column: clock.window(spans) for column, spans in r.pop("_spans", {}).items()}
     (out_dir / f"{stem}.json").write_text(json.dumps({"matmul_tflops": matmul, "matmul_tflops_after": matmul_after,
                                                       "gpu": torch.cuda.get_device_name(),
                                                       "argv": sys.argv[1:], "rows": rows}, indent=1))
@@ -514,7 +543,7 @@ def main():
             + (f"; causal rows are chunks of {args.chunk} keys for fa4gen, while flash-attn-4 runs plain causal (a "
                "clock reference: its ratio columns are not a comparison)" if args.chunk is not None else "")
             + ("; forward specs with backward: true (LSE written)" if args.fwd_lse else ""))
-    lines = [note, "", *table(rows, args.bwd, args.deterministic)]
+    lines = [note, "", *table(rows, args.bwd, args.deterministic), *clock_table(rows)]
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -542,6 +571,27 @@ def table(rows: list[dict], bwd: bool, deterministic: bool) -> list[str]:
     return lines
 
 
+CLOCK_COLUMNS = (("fa4gen", "fa4gen"), ("fa4", "flash-attn-4"), ("cudnn", "cuDNN"), ("fa4gen_bwd", "bwd fa4gen"),
+                 ("fa4_bwd", "bwd FA4"), ("cudnn_bwd", "bwd cuDNN"))
+
+
+def clock_table(rows: list[dict]) -> list[str]:
+    """--clock-log's table: per cell and column, the mean SM clock (MHz) and power (W) over its timings; [] when no
+    row has clocks."""
+    if not any(r.get("clocks") for r in rows):
+        return []
+    cols = [(key, title) for key, title in CLOCK_COLUMNS if any((r.get("clocks") or {}).get(key) for r in rows)]
+    lines = ["", "SM clock during each column's timings (MHz, mean of nvidia-smi's 50 ms samples; power in W):", "",
+             "| d | seqlen | causal | " + " | ".join(title for _, title in cols) + " |", "|---" * (3 + len(cols)) + "|"]
+    for r in rows:
+        cells = []
+        for key, _ in cols:
+            c = (r.get("clocks") or {}).get(key)
+            cells.append(f"{c['sm_mhz']} ({c['watts']} W)" if c else "-")
+        lines.append(f"| {_dims_label(r)} | {r['seqlen']} | {'y' if r['causal'] else 'n'} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _dims_label(r: dict):
     return r["d"] if r.get("dv", r["d"]) == r["d"] else f"{r['d']}x{r['dv']}"
 
@@ -566,6 +616,9 @@ def merge_runs(runs: list[dict]) -> dict:
     for same in cells.values():
         row = dict(same[0])
         row["processes"] = len(same)
+        if any("clocks" in r for r in same):  # --clock-log: each process's own, in run order
+            row.pop("clocks", None)
+            row["clocks_per_process"] = [r.get("clocks") for r in same]
         for col in TFLOPS_COLUMNS + RATIO_COLUMNS:
             values = [r[col] for r in same if r.get(col) is not None]
             if col in row or values:
@@ -643,6 +696,9 @@ def run_processes(args, out_dir: Path, work_dir: Path | None = None) -> None:
                  + ", ".join(f"{a} -> {b}" for a, b in zip(merged["matmul_tflops"], merged["matmul_tflops_after"])),
                  "", *table(merged["rows"], args.bwd, args.deterministic), "",
                  "Spread over the processes:", "", *spread_table(merged["rows"], args.bwd)]
+        for n, run in enumerate(runs, 1):  # --clock-log: each process's clock table
+            clocks = clock_table(run["rows"])
+            lines += ["", f"{clocks[1][:-1]} process {n}:", *clocks[2:]] if clocks else []
         (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     if failed:
         print(f"processes {failed} failed or wrote no {stem}.json (see their output above)")
