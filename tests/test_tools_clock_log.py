@@ -106,3 +106,11 @@ os._exit(0)   # no atexit: as a kill would
         time.sleep(0.05)
     else:
         raise AssertionError(f"sampler {pid} still running after its parent exited")
+
+
+def test_merged_runs_get_a_clock_table_per_process():
+    bench = load_tool("bench_fwd")
+    row = {"d": 64, "dv": 64, "seqlen": 512, "causal": True, "clocks": {"fa4gen": {"sm_mhz": 1980.0, "watts": 500.0}}}
+    lines = bench.clock_table([row], " of process 2")
+    assert lines[1].startswith("SM clock during each column's timings of process 2 (MHz")
+    assert lines[5] == "| 64 | 512 | y | 1980.0 (500.0 W) |"

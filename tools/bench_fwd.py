@@ -575,13 +575,13 @@ CLOCK_COLUMNS = (("fa4gen", "fa4gen"), ("fa4", "flash-attn-4"), ("cudnn", "cuDNN
                  ("fa4_bwd", "bwd FA4"), ("cudnn_bwd", "bwd cuDNN"))
 
 
-def clock_table(rows: list[dict]) -> list[str]:
+def clock_table(rows: list[dict], which: str = "") -> list[str]:
     """--clock-log's table: per cell and column, the mean SM clock (MHz) and power (W) over its timings; [] when no
-    row has clocks."""
+    row has clocks. `which` names the run in the title (e.g. " of process 2")."""
     if not any(r.get("clocks") for r in rows):
         return []
     cols = [(key, title) for key, title in CLOCK_COLUMNS if any((r.get("clocks") or {}).get(key) for r in rows)]
-    lines = ["", "SM clock during each column's timings (MHz, mean of nvidia-smi's 50 ms samples; power in W):", "",
+    lines = ["", f"SM clock during each column's timings{which} (MHz, mean of nvidia-smi's 50 ms samples; power in W):", "",
              "| d | seqlen | causal | " + " | ".join(title for _, title in cols) + " |", "|---" * (3 + len(cols)) + "|"]
     for r in rows:
         cells = []
@@ -697,8 +697,7 @@ def run_processes(args, out_dir: Path, work_dir: Path | None = None) -> None:
                  "", *table(merged["rows"], args.bwd, args.deterministic), "",
                  "Spread over the processes:", "", *spread_table(merged["rows"], args.bwd)]
         for n, run in enumerate(runs, 1):  # --clock-log: each process's clock table
-            clocks = clock_table(run["rows"])
-            lines += ["", f"{clocks[1][:-1]} process {n}:", *clocks[2:]] if clocks else []
+            lines += clock_table(run["rows"], f" of process {n}")
         (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     if failed:
         print(f"processes {failed} failed or wrote no {stem}.json (see their output above)")
