@@ -1,0 +1,244 @@
+"""Sustained throughput on the GPU: each implementation's kernel run back to back for seconds, at the clock and power
+the card settles at, with nvidia-smi's SM clock and power over the measured span (tools/clock_log.py).
+
+Why: bench_fwd.py times short do_bench windows (100 ms, the L2 flushed before every call), so a cell's clock is
+whatever the card's recent history left it at. Session 77's --clock-log grid (docs/PERF.md) read the d128 no-mask
+s16k forward at 1437-1467 MHz for fa4gen against 1633-1675 MHz for flash-attn-4, all three kernels at the 700 W
+cap: under the power cap a kernel's speed is set by its energy per unit of work, not by its cycles. Training
+runs layer after layer on a hot card, so the sustained figure is the one users get at long sequence lengths.
+
+Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` measured (chunks of ~100 ms of calls,
+synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). The order
+rotates by one per round. Per implementation: TFLOP/s (median over rounds), mean SM MHz and W over the measured
+spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
+each as a ratio to flash-attn-4's. No L2 flush between calls (the back-to-back case); at 16k tokens of d >= 64 a
+call's K / V (>= 64 MiB) does not fit the 50 MB L2.
+
+Run (GPU machine, after `source tools/device_env.sh`):
+    python3 tools/sustained_bench.py --dims 128 --masks none --seqlens 16384 [--bwd] [--rounds 2]
+        [--variant NAME:FIELD=JSON[;FIELD=JSON]] [--skip cudnn] --out $OUT/sustained
+--variant adds a fa4gen forward with those pipeline fields (bench_fwd.py's --pipeline syntax; e.g.
+`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CHUNK_S = 0.1  # GPU seconds of calls between synchronizations
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """`NAME:FIELD=JSON[;FIELD=JSON...]` -> (NAME, {FIELD: value}); NAME an identifier, each value JSON."""
+    name, sep, rest = text.partition(":")
+    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not rest:
+        raise argparse.ArgumentTypeError(
+            f"--variant: expected NAME:FIELD=JSON[;FIELD=JSON] with NAME an identifier, got {text!r}")
+    fields = {}
+    for part in rest.split(";"):
+        field, eq, value = part.partition("=")
+        if not eq or not re.fullmatch(r"[a-z_][a-z0-9_]*", field):
+            raise argparse.ArgumentTypeError(f"--variant {name}: expected FIELD=JSON, got {part!r}")
+        try:
+            fields[field] = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(f"--variant {name}: {field}'s value is not JSON ({err.msg}): {value!r}") from None
+    return name, fields
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Rows per (cell, implementation) from the per-round runs (each {"cell": ..., "impl": ..., "tflops", "sm_mhz",
+    "watts", "temp_c"}): median TFLOP/s, mean MHz / W, TFLOP/J and TFLOP per GHz, and each as a ratio to the same
+    cell's flash-attn-4 ("fa4", or "fa4_bwd" for a backward implementation) where the cell has one."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["cell"], r["impl"]), []).append(r)
+    rows = []
+    for (cell, impl), rs in groups.items():
+        tf = [r["tflops"] for r in rs if r.get("tflops")]
+        mhz = [r["sm_mhz"] for r in rs if r.get("sm_mhz")]
+        w = [r["watts"] for r in rs if r.get("watts")]
+        row = {"cell": cell, "impl": impl, "rounds": len(tf), "tflops": round(statistics.median(tf), 1) if tf else None,
+               "tflops_all": [round(x, 1) for x in tf],
+               "sm_mhz": round(statistics.fmean(mhz), 1) if mhz else None,
+               "watts": round(statistics.fmean(w), 1) if w else None,
+               "temp_c": max((r["temp_c"] for r in rs if r.get("temp_c") is not None), default=None)}
+        row["tflop_per_j"] = round(row["tflops"] / row["watts"], 4) if row["tflops"] and row["watts"] else None
+        row["tflop_per_ghz"] = round(row["tflops"] / (row["sm_mhz"] / 1000), 1) if row["tflops"] and row["sm_mhz"] else None
+        rows.append(row)
+    by_key = {(r["cell"], r["impl"]): r for r in rows}
+    for r in rows:
+        ref = by_key.get((r["cell"], "fa4_bwd" if r["impl"].endswith("_bwd") else "fa4"))
+        for key, out in (("tflops", "vs_fa4"), ("tflop_per_ghz", "per_clock_vs_fa4"), ("tflop_per_j", "per_joule_vs_fa4")):
+            r[out] = round(r[key] / ref[key], 3) if ref and r[key] and ref.get(key) else None
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    def show(x):
+        return "—" if x is None else str(x)
+
+    lines = ["| cell | implementation | TFLOP/s (rounds) | SM MHz | W | max °C | TFLOP/J | TFLOP/s per GHz | "
+             "vs FA4 | per clock vs FA4 | per joule vs FA4 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rounds = " / ".join(str(x) for x in r["tflops_all"])
+        lines.append(f"| {r['cell']} | {r['impl']} | {show(r['tflops'])} ({rounds}) | {show(r['sm_mhz'])} | "
+                     f"{show(r['watts'])} | {show(r['temp_c'])} | {show(r['tflop_per_j'])} | {show(r['tflop_per_ghz'])} | "
+                     f"{show(r['vs_fa4'])} | {show(r['per_clock_vs_fa4'])} | {show(r['per_joule_vs_fa4'])} |")
+    return lines
+
+
+def sustain(fn, warm_s: float, seconds: float):
+    """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured. (calls, GPU ms, (t0, t1) host span)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    per_call_s = max(start.elapsed_time(end) / 3e3, 1e-6)
+    chunk = max(1, round(CHUNK_S / per_call_s))
+
+    def loop(budget: float) -> int:
+        calls, t0 = 0, time.time()
+        while time.time() - t0 < budget:
+            for _ in range(chunk):
+                fn()
+            calls += chunk
+            torch.cuda.synchronize()
+        return calls
+
+    loop(warm_s)
+    t0 = time.time()
+    start.record()
+    calls = loop(seconds)
+    end.record()
+    torch.cuda.synchronize()
+    return calls, start.elapsed_time(end), (t0, time.time())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dims", default="128", help="comma list of head dims")
+    ap.add_argument("--masks", default="none", help="comma list of none, causal")
+    ap.add_argument("--seqlens", default="16384", help="comma list; batch = 16384 / seqlen, heads = 2048 / d")
+    ap.add_argument("--bwd", action="store_true", help="also the backwards (fa4gen, flash-attn-4, cuDNN)")
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME:FIELD=JSON[;...]",
+                    help="a fa4gen forward with these pipeline fields, timed as fa4gen:NAME (repeatable)")
+    ap.add_argument("--skip", default="", help="comma list of cudnn, fa4: not timed")
+    ap.add_argument("--warm", type=float, default=2.0, help="seconds each implementation runs before its measured span")
+    ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per implementation and round")
+    ap.add_argument("--rounds", type=int, default=2, help="passes over the implementations, each rotated by one")
+    ap.add_argument("--out", default="sustained_out")
+    args = ap.parse_args(argv)
+    skip = {s for s in args.skip.split(",") if s}
+    if not skip <= {"cudnn", "fa4"}:
+        ap.error(f"--skip: expected a comma list of cudnn, fa4; got {args.skip!r}")
+    if args.rounds < 1 or args.seconds <= 0 or args.warm < 0:
+        ap.error("--rounds >= 1, --seconds > 0 and --warm >= 0 expected")
+    from bench_fwd import _bwd_spec, _causal_keys, _dims, _fa4, _first, _fwd_spec, _masks, _sdpa, _sdpa_bshd, rotation
+
+    dims, masks = _dims(args.dims), _masks(args.masks)
+    if args.variant:  # checked by the spec model before anything runs
+        from fa4gen.spec import SpecError, spec_from_dict
+
+        for name, fields in args.variant:
+            try:
+                spec_from_dict(_fwd_spec(64, False, pipeline=fields), source=f"--variant {name}")
+            except SpecError as err:
+                raise SystemExit(str(err)) from None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("sustained_bench: needs a CUDA GPU (it runs kernels for seconds); none is visible here")
+    import fa4gen
+    from clock_log import ClockLog
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clock = ClockLog(out / "clock_log.csv")
+    if not clock.start():
+        raise SystemExit("sustained_bench: no nvidia-smi samples, so no clock or power to read; stopping")
+    fa4 = None if "fa4" in skip else _fa4()
+    cudnn = None if "cudnn" in skip else _sdpa("cudnn")
+    runs = []
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for d, dv in dims:
+        for causal in (m == "causal" for m in masks):
+            pkgs = {"fa4gen": fa4gen.build(_fwd_spec(d, causal, dv))}
+            for name, fields in args.variant:
+                pkgs[f"fa4gen:{name}"] = fa4gen.build(_fwd_spec(d, causal, dv, pipeline=fields))
+            bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, dv=dv)) if args.bwd else None
+            for s in map(int, args.seqlens.split(",")):
+                b, h = max(1, 16384 // s), 2048 // d
+                q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+                v = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                flops = 2 * b * h * (_causal_keys(s, None) if causal else s * s) * (d + dv)
+                cell = f"d{d}{f'x{dv}' if dv != d else ''} s{s} {'causal' if causal else 'none'}"
+                impls = {name: (lambda p=p: p.attention(q, k, v)) for name, p in pkgs.items()}
+                if fa4 is not None:
+                    impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
+                if cudnn is not None:
+                    impls["cudnn"] = lambda: cudnn(qt, kt, vt, causal)
+                work = {name: flops for name in impls}
+                if bwd_pkg is not None:
+                    fwds = {"fa4gen_bwd": bwd_pkg.attention}
+                    if fa4 is not None:
+                        fwds["fa4_bwd"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
+                    if cudnn is not None:
+                        fwds["cudnn_bwd"] = _sdpa_bshd(cudnn, causal)
+                    torch.manual_seed(0)
+                    dout = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+                    for name, run in fwds.items():
+                        leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+                        o = run(*leaves)
+
+                        def step(o=o, leaves=leaves):
+                            for x in leaves:
+                                x.grad = None
+                            o.backward(dout, retain_graph=True)
+
+                        impls[name] = step
+                        work[name] = 2.5 * flops
+                for rnd in range(args.rounds):
+                    for name in rotation(impls, rnd):
+                        calls, ms, span = sustain(impls[name], args.warm, args.seconds)
+                        clk = clock.window([span]) or {}
+                        r = {"cell": cell, "impl": name, "round": rnd, "calls": calls, "ms": round(ms, 2),
+                             "tflops": round(work[name] * calls / (ms * 1e-3) / 1e12, 1),
+                             "sm_mhz": clk.get("sm_mhz"), "watts": clk.get("watts"), "temp_c": clk.get("temp_c"),
+                             "samples": clk.get("samples")}
+                        runs.append(r)
+                        print(json.dumps(r), flush=True)
+                del q, k, v, qt, kt, vt
+    # the card's own reference: a bf16 8192^3 matmul sustained the same way, after the cells
+    calls, ms, span = sustain(lambda: a @ a, args.warm, args.seconds)
+    clk = clock.window([span]) or {}
+    matmul = {"tflops": round(2 * 8192**3 * calls / (ms * 1e-3) / 1e12, 1), **clk}
+    clock.stop()
+    rows = summarize(runs)
+    (out / "sustained.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "argv": sys.argv[1:],
+                                                    "matmul_after": matmul, "runs": runs, "rows": rows}, indent=1))
+    lines = [f"Sustained ({args.warm} s warm + {args.seconds} s measured per implementation and round, {args.rounds} "
+             f"round(s), rotated; no L2 flush between calls). bf16 8192^3 matmul sustained after the cells: "
+             f"{matmul['tflops']} TFLOP/s at {matmul.get('sm_mhz')} MHz, {matmul.get('watts')} W", "", *table(rows)]
+    (out / "sustained.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
