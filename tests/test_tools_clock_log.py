@@ -114,3 +114,16 @@ def test_merged_runs_get_a_clock_table_per_process():
     lines = bench.clock_table([row], " of process 2")
     assert lines[1].startswith("SM clock during each column's timings of process 2 (MHz")
     assert lines[5] == "| 64 | 512 | y | 1980.0 (500.0 W) |"
+
+
+def test_windows_read_while_sampling_see_new_samples(tmp_path):
+    # session 77: a window read while the sampler ran cached the file, and every later window found no samples
+    log = clock_log.ClockLog(tmp_path / "clock.csv", period_ms=20, command=[sys.executable, "-c", FAKE])
+    t_start = time.time()
+    assert log.start()
+    time.sleep(0.15)
+    first = log.samples()
+    time.sleep(0.4)
+    assert len(log.samples()) > len(first)
+    log.stop()
+    assert log.window([(t_start + 0.4, t_start + 0.5)])["sm_mhz"] == 1500.0

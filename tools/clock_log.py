@@ -103,9 +103,15 @@ class ClockLog:
         self._samples = None
 
     def samples(self) -> list[tuple[float, float | None, float | None, float | None]]:
-        if self._samples is None:
+        """The samples so far, sorted by time: read from the file again while the sampler runs (session 77's first
+        sustained run cached the file at its first window, and every later window found no samples), once after.
+        While it runs, nvidia-smi's output buffer may hold the latest samples back: read windows after stop()."""
+        if self._samples is None or self._proc is not None:
             text = self.path.read_text() if self.path.exists() else ""
-            self._samples = sorted(s for s in map(parse_line, text.splitlines()) if s is not None)
+            samples = sorted(s for s in map(parse_line, text.splitlines()) if s is not None)
+            if self._proc is not None:
+                return samples
+            self._samples = samples
         return self._samples
 
     def window(self, spans: list[tuple[float, float]]) -> dict | None:

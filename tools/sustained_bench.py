@@ -216,19 +216,18 @@ def main(argv=None) -> int:
                 for rnd in range(args.rounds):
                     for name in rotation(impls, rnd):
                         calls, ms, span = sustain(impls[name], args.warm, args.seconds)
-                        clk = clock.window([span]) or {}
                         r = {"cell": cell, "impl": name, "round": rnd, "calls": calls, "ms": round(ms, 2),
-                             "tflops": round(work[name] * calls / (ms * 1e-3) / 1e12, 1),
-                             "sm_mhz": clk.get("sm_mhz"), "watts": clk.get("watts"), "temp_c": clk.get("temp_c"),
-                             "samples": clk.get("samples")}
+                             "tflops": round(work[name] * calls / (ms * 1e-3) / 1e12, 1), "span": span}
                         runs.append(r)
                         print(json.dumps(r), flush=True)
                 del q, k, v, qt, kt, vt
     # the card's own reference: a bf16 8192^3 matmul sustained the same way, after the cells
     calls, ms, span = sustain(lambda: a @ a, args.warm, args.seconds)
-    clk = clock.window([span]) or {}
-    matmul = {"tflops": round(2 * 8192**3 * calls / (ms * 1e-3) / 1e12, 1), **clk}
-    clock.stop()
+    matmul = {"tflops": round(2 * 8192**3 * calls / (ms * 1e-3) / 1e12, 1), "span": span}
+    clock.stop()  # (the windows are read once nvidia-smi has exited: its output buffer holds the latest samples back)
+    for r in [*runs, matmul]:
+        clk = clock.window([r["span"]]) or {}
+        r.update({key: clk.get(key) for key in ("sm_mhz", "watts", "temp_c", "samples")})
     rows = summarize(runs)
     (out / "sustained.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "argv": sys.argv[1:],
                                                     "matmul_after": matmul, "runs": runs, "rows": rows}, indent=1))
