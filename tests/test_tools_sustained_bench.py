@@ -68,3 +68,74 @@ def test_refusals_before_gpu_work(capsys):
         sb.main(["--variant", "n:tile_n=17"])
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         sb.main(["--variant", "pp:ping_pong=false"])
+
+
+class _FakeEvent:
+    """torch.cuda.Event's timing on the CPU: elapsed_time in ms between two record() calls' host times."""
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+
+    def record(self):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+
+def test_run_for_and_settle(fake_cuda):
+    import time
+
+    bench = load_tool("bench_fwd")
+    calls = []
+
+    def fn():  # a 2 ms "kernel"
+        calls.append(1)
+        time.sleep(0.002)
+
+    t0 = time.time()
+    n = bench.run_for(fn, 0.2)
+    took = time.time() - t0
+    assert n == len(calls) and 0.2 <= took < 0.5 and 40 <= n <= 130  # ~25-call chunks of 2 ms until 0.2 s pass
+    calls.clear()
+    bench.settle(fn)  # --settle 0 (the default): nothing runs
+    assert calls == []
+    bench.SETTLE_S = 0.05
+    try:
+        bench.settle(fn)
+    finally:
+        bench.SETTLE_S = 0.0
+    assert len(calls) >= 10
+
+
+def test_sustain_times_only_the_measured_calls(fake_cuda, monkeypatch):
+    import time
+
+    sys_path_tools = str(sb.Path(sb.__file__).parent)
+    monkeypatch.syspath_prepend(sys_path_tools)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.002)
+
+    n, ms, (t0, t1) = sb.sustain(fn, 0.1, 0.2)
+    assert 0.2 <= t1 - t0 < 0.5 and 200 <= ms < 500 and n < len(calls)  # the warm calls are not counted
+    assert abs(ms / n - 2.0) < 1.0  # ~2 ms per call
+
+
+def test_bench_fwd_settle_refuses_negative():
+    import subprocess
+    import sys
+
+    tool = sb.Path(sb.__file__).parent / "bench_fwd.py"
+    out = subprocess.run([sys.executable, str(tool), "--settle", "-1"], capture_output=True, text=True)
+    assert out.returncode != 0 and "--settle: expected seconds >= 0" in out.stderr

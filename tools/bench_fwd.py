@@ -207,6 +207,38 @@ def bench_ms(fn, **kw) -> float:
     return do_bench(fn, warmup=25, rep=_rep_ms(fn), return_mode="median", **kw)
 
 
+# --settle S: every timing window is preceded by S seconds of the same implementation run back to back, untimed, so
+# it is timed at the clock its own power draw settles at rather than at the one its predecessor left. Session 77
+# (--clock-log, H100 at the 700 W cap): inside the grid, flash-attn-4's forward ran at 1633-1675 MHz in the d128
+# no-mask s16k cell, right after SDPA's flash kernel (the rotation keeps that order in every pass), against 1483-1489
+# MHz sustained (tools/sustained_bench.py), while ours ran at ~1450 in both.
+SETTLE_S = 0.0
+SETTLE_CHUNK_S = 0.05  # GPU seconds of calls between synchronizations
+
+
+def run_for(fn, seconds: float) -> int:
+    """Call fn back to back for `seconds` (host time), synchronizing every ~SETTLE_CHUNK_S of GPU work (so the host
+    span matches the GPU's); the number of calls made."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    calls, chunk = 1, max(1, round(SETTLE_CHUNK_S / max(start.elapsed_time(end) * 1e-3, 1e-6)))
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        for _ in range(chunk):
+            fn()
+        calls += chunk
+        torch.cuda.synchronize()
+    return calls
+
+
+def settle(fn) -> None:
+    if SETTLE_S > 0:
+        run_for(fn, SETTLE_S)
+
+
 def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     """Median time of the backward of run(q, k, v) (BSHD in and out), and the gradients it gives."""
     qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
@@ -217,6 +249,12 @@ def bwd_time_ms(run, q, k, v) -> tuple[float, tuple]:
     # copies: do_bench calls the backward several times before it starts clearing .grad, and autograd
     # accumulates into an existing .grad in place (the 2026-11-29 grid's diff column was inflated by it)
     grads = tuple(g.clone() for g in (qg.grad, kg.grad, vg.grad))
+
+    def step():
+        qg.grad = kg.grad = vg.grad = None
+        out.backward(dout, retain_graph=True)
+
+    settle(step)
     ms = bench_ms(lambda: out.backward(dout, retain_graph=True), grad_to_none=[qg, kg, vg])
     return ms, grads
 
@@ -352,6 +390,11 @@ def main():
                     help="sample the SM clock, power and temperature with nvidia-smi every 50 ms while the run "
                          "times (tools/clock_log.py): each row gets 'clocks' (per column, the mean over its timings) "
                          "and the markdown a clock table; the samples go to OUT/clock_log.csv")
+    ap.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                    help="before every timing window, run the same implementation back to back for SECONDS, untimed, "
+                         "so each is timed at the clock its own power draw settles at (default 0: as before; session "
+                         "77 read flash-attn-4 at +10%% clock inside the grid's d128 no-mask s16k cell, timed right "
+                         "after SDPA's flash kernel, against its sustained clock)")
     ap.add_argument("--skip", default="",
                     help="comma list of cudnn, sdpa_flash: not timed (their columns stay empty; the forward is still "
                          "checked against cuDNN). tools/ab_bench.sh passes cudnn,sdpa_flash: its comparison reads "
@@ -374,7 +417,10 @@ def main():
         raise SystemExit(f"--chunk: expected a key count >= 1, forward only (not with --bwd or --window); got {args.chunk}")
     if args.bwd_dq_handoff and (args.bwd_dq_atomic or args.bwd_det_dq_atomic):
         raise SystemExit("--bwd-dq-handoff: not with --bwd-dq-atomic / --bwd-det-dq-atomic")
-    global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF, CLOCK_SPANS
+    if not args.settle >= 0:
+        raise SystemExit(f"--settle: expected seconds >= 0, got {args.settle}")
+    global DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF, CLOCK_SPANS, SETTLE_S
+    SETTLE_S = args.settle
     DQ_ATOMIC, DET_DQ_ATOMIC, DQ_HANDOFF = args.bwd_dq_atomic, args.bwd_det_dq_atomic, args.bwd_dq_handoff
     if args.bwd_stages:
         from fa4gen.plan import sm90
@@ -493,6 +539,7 @@ def main():
                 for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
                     for name in rotation(impls, rep):
                         try:
+                            settle(impls[name])
                             t0 = time.time()
                             times[name].append(bench_ms(impls[name]))
                             _span(res, name, t0)
@@ -536,8 +583,10 @@ def main():
                                                       "gpu": torch.cuda.get_device_name(),
                                                       "argv": sys.argv[1:], "rows": rows}, indent=1))
     note = (f"bf16 8192^3 matmul in the same run: {matmul} TFLOP/s before the grid, {matmul_after} after; "
-            f"{args.repeats} timing pass(es) per cell" + (f"; GQA, {args.gqa} query heads per key/value head"
-                                                         if args.gqa > 1 else "")
+            f"{args.repeats} timing pass(es) per cell"
+            + (f"; every timing window after {args.settle} s of the same implementation, untimed (--settle)"
+               if args.settle else "")
+            + (f"; GQA, {args.gqa} query heads per key/value head" if args.gqa > 1 else "")
             + (f"; causal rows are sliding windows of {args.window} keys left of the diagonal, none right"
                if args.window is not None else "")
             + (f"; causal rows are chunks of {args.chunk} keys for fa4gen, while flash-attn-4 runs plain causal (a "

@@ -7,7 +7,7 @@ s16k forward at 1437-1467 MHz for fa4gen against 1633-1675 MHz for flash-attn-4,
 cap: under the power cap a kernel's speed is set by its energy per unit of work, not by its cycles. Training
 runs layer after layer on a hot card, so the sustained figure is the one users get at long sequence lengths.
 
-Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` measured (chunks of ~100 ms of calls,
+Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` measured (chunks of ~50 ms of calls,
 synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). The order
 rotates by one per round. Per implementation: TFLOP/s (median over rounds), mean SM MHz and W over the measured
 spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
@@ -32,9 +32,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-CHUNK_S = 0.1  # GPU seconds of calls between synchronizations
-
 
 def parse_variant(text: str) -> tuple[str, dict]:
     """`NAME:FIELD=JSON[;FIELD=JSON...]` -> (NAME, {FIELD: value}); NAME an identifier, each value JSON."""
@@ -97,33 +94,19 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def sustain(fn, warm_s: float, seconds: float):
-    """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured. (calls, GPU ms, (t0, t1) host span)."""
+    """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured (bench_fwd.run_for: synchronized
+    every ~50 ms of GPU work). (calls, GPU ms between CUDA events around the measured calls, (t0, t1) host span)."""
     import torch
+    from bench_fwd import run_for
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     torch.cuda.synchronize()
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    per_call_s = max(start.elapsed_time(end) / 3e3, 1e-6)
-    chunk = max(1, round(CHUNK_S / per_call_s))
-
-    def loop(budget: float) -> int:
-        calls, t0 = 0, time.time()
-        while time.time() - t0 < budget:
-            for _ in range(chunk):
-                fn()
-            calls += chunk
-            torch.cuda.synchronize()
-        return calls
-
-    loop(warm_s)
+    if warm_s > 0:
+        run_for(fn, warm_s)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0 = time.time()
     start.record()
-    calls = loop(seconds)
+    calls = run_for(fn, seconds)
     end.record()
     torch.cuda.synchronize()
     return calls, start.elapsed_time(end), (t0, time.time())
