@@ -139,3 +139,22 @@ def test_bench_fwd_settle_refuses_negative():
     tool = sb.Path(sb.__file__).parent / "bench_fwd.py"
     out = subprocess.run([sys.executable, str(tool), "--settle", "-1"], capture_output=True, text=True)
     assert out.returncode != 0 and "--settle: expected seconds >= 0" in out.stderr
+
+
+def test_cells_table_from_files(tmp_path, capsys):
+    import json
+
+    runs = [_run("fa4gen", 650.0, 1450.0, 700.0), _run("fa4", 640.0, 1480.0, 700.0), _run("cudnn", 660.0, 1500.0, 700.0),
+            _run("fa4gen_bwd", 600.0, 1500.0, 700.0), _run("fa4_bwd", 500.0, 1510.0, 700.0),
+            _run("fa4gen", 500.0, 1600.0, 700.0, cell="d64 s4096 none")]
+    f = tmp_path / "run" / "sustained.json"
+    f.parent.mkdir()
+    f.write_text(json.dumps({"rows": sb.summarize(runs)}))
+    assert sb.main(["--cells", str(f)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ("| d128 s16384 none | 1.016 | 0.985 | 1.200 | 1.200 | 1450.0 / 1480.0; 1500.0 / 1510.0 | "
+                        "run/sustained.json |")
+    assert lines[3] == "| d64 s4096 none | — | — | — | — | 1600.0 / — | run/sustained.json |"
+    with pytest.raises(SystemExit):
+        sb.main(["--cells", str(tmp_path / "none.json")])
+    assert "--cells: no such file" in capsys.readouterr().err

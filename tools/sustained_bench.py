@@ -18,7 +18,8 @@ Run (GPU machine, after `source tools/device_env.sh`):
     python3 tools/sustained_bench.py --dims 128 --masks none --seqlens 16384 [--bwd] [--rounds 2]
         [--variant NAME:FIELD=JSON[;FIELD=JSON]] [--skip cudnn] --out $OUT/sustained
 --variant adds a fa4gen forward with those pipeline fields (bench_fwd.py's --pipeline syntax; e.g.
-`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`.
+`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`. `--cells RUN/sustained.json ...` (no GPU) prints the
+per-cell ratio table of finished runs (the README's).
 """
 
 from __future__ import annotations
@@ -93,6 +94,34 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def cell_table(files: list[Path]) -> list[str]:
+    """One line per cell of sustained.json files (in their order; a cell in several files once per file): fa4gen's
+    forward and backward over flash-attn-4's and over the better of flash-attn-4 and cuDNN, with both sides' clocks
+    (the README's sustained table)."""
+    lines = ["| cell | forward / FA4 | forward / best | backward / FA4 | backward / best | MHz fa4gen / FA4 (fwd; bwd) | "
+             "file |", "|---|---|---|---|---|---|---|"]
+    for path in files:
+        rows = json.loads(Path(path).read_text())["rows"]
+        at = {(r["cell"], r["impl"]): r for r in rows}
+
+        def ratio(cell, ours, theirs):
+            mine = at.get((cell, ours), {}).get("tflops")
+            best = max([at.get((cell, t), {}).get("tflops") or 0 for t in theirs])
+            return f"{mine / best:.3f}" if mine and best else "—"
+
+        def mhz(cell, impl):
+            return at.get((cell, impl), {}).get("sm_mhz") or "—"
+
+        for cell in dict.fromkeys(r["cell"] for r in rows):
+            clocks = f"{mhz(cell, 'fa4gen')} / {mhz(cell, 'fa4')}"
+            if (cell, "fa4gen_bwd") in at:
+                clocks += f"; {mhz(cell, 'fa4gen_bwd')} / {mhz(cell, 'fa4_bwd')}"
+            lines.append(f"| {cell} | {ratio(cell, 'fa4gen', ['fa4'])} | {ratio(cell, 'fa4gen', ['fa4', 'cudnn'])} | "
+                         f"{ratio(cell, 'fa4gen_bwd', ['fa4_bwd'])} | {ratio(cell, 'fa4gen_bwd', ['fa4_bwd', 'cudnn_bwd'])} | "
+                         f"{clocks} | {Path(path).parent.name}/{Path(path).name} |")
+    return lines
+
+
 def sustain(fn, warm_s: float, seconds: float):
     """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured (bench_fwd.run_for: synchronized
     every ~50 ms of GPU work). (calls, GPU ms between CUDA events around the measured calls, (t0, t1) host span)."""
@@ -125,7 +154,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per implementation and round")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the implementations, each rotated by one")
     ap.add_argument("--out", default="sustained_out")
+    ap.add_argument("--cells", nargs="+", type=Path, metavar="JSON",
+                    help="no run: print the per-cell ratio table of these sustained.json files (the README's) and stop")
     args = ap.parse_args(argv)
+    if args.cells:
+        missing = [str(p) for p in args.cells if not p.is_file()]
+        if missing:
+            ap.error(f"--cells: no such file: {', '.join(missing)}")
+        print("\n".join(cell_table(args.cells)))
+        return 0
     skip = {s for s in args.skip.split(",") if s}
     if not skip <= {"cudnn", "fa4"}:
         ap.error(f"--skip: expected a comma list of cudnn, fa4; got {args.skip!r}")
