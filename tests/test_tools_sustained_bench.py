@@ -66,8 +66,10 @@ def test_refusals_before_gpu_work(capsys):
         sb.main(["--rounds", "0"])
     with pytest.raises(SystemExit, match="tile_n"):  # the spec model names the field before anything runs
         sb.main(["--variant", "n:tile_n=17"])
+    with pytest.raises(SystemExit, match="has no forward kernel 'fwd_sm100'"):  # named with the spec's forwards
+        sb.main(["--dims", "64", "--fwd-kernel", "fwd_sm100"])
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
-        sb.main(["--variant", "pp:ping_pong=false"])
+        sb.main(["--variant", "pp:ping_pong=false", "--dims", "64", "--fwd-kernel", "fwd_sm90"])
 
 
 class _FakeEvent:

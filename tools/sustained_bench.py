@@ -18,8 +18,9 @@ Run (GPU machine, after `source tools/device_env.sh`):
     python3 tools/sustained_bench.py --dims 128 --masks none --seqlens 16384 [--bwd] [--rounds 2]
         [--variant NAME:FIELD=JSON[;FIELD=JSON]] [--skip cudnn] --out $OUT/sustained
 --variant adds a fa4gen forward with those pipeline fields (bench_fwd.py's --pipeline syntax; e.g.
-`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`. `--cells RUN/sustained.json ...` (no GPU) prints the
-per-cell ratio table of finished runs (the README's).
+`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`; --fwd-kernel MODULE adds the default forward pinned
+to that kernel of its spec (tools/pin_ab.py's pinning), timed as `fa4gen@MODULE`. `--cells RUN/sustained.json ...`
+(no GPU) prints the per-cell ratio table of finished runs (the README's).
 """
 
 from __future__ import annotations
@@ -149,6 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd", action="store_true", help="also the backwards (fa4gen, flash-attn-4, cuDNN)")
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME:FIELD=JSON[;...]",
                     help="a fa4gen forward with these pipeline fields, timed as fa4gen:NAME (repeatable)")
+    ap.add_argument("--fwd-kernel", action="append", default=[], metavar="MODULE",
+                    help="also fa4gen's default forward pinned to this kernel of its spec whatever the call's seqlen_q "
+                         "(e.g. fwd_sm90: the persistent forward where the API runs fwd_sm90_long), timed as "
+                         "fa4gen@MODULE (repeatable; pinned calls skip the API's call cache, so time calls of >= 0.5 ms)")
     ap.add_argument("--skip", default="", help="comma list of cudnn, fa4: not timed")
     ap.add_argument("--warm", type=float, default=2.0, help="seconds each implementation runs before its measured span")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per implementation and round")
@@ -179,6 +184,18 @@ def main(argv=None) -> int:
                 spec_from_dict(_fwd_spec(64, False, pipeline=fields), source=f"--variant {name}")
             except SpecError as err:
                 raise SystemExit(str(err)) from None
+    if args.fwd_kernel:  # (on the CPU too: the plans name each spec's forward kernels)
+        from fa4gen.plan import plan_kernels
+        from fa4gen.spec import spec_from_dict
+
+        for d, dv in dims:
+            for causal in (m == "causal" for m in masks):
+                spec = _fwd_spec(d, causal, dv)
+                modules = [p.module for p in plan_kernels(spec_from_dict(spec), "sm90") if p.direction == "fwd"]
+                for module in args.fwd_kernel:
+                    if module not in modules:
+                        raise SystemExit(f"--fwd-kernel: {spec['name']} has no forward kernel {module!r} "
+                                         f"(its forwards: {', '.join(modules)})")
     import torch
 
     if not torch.cuda.is_available():
@@ -209,6 +226,12 @@ def main(argv=None) -> int:
                 flops = 2 * b * h * (_causal_keys(s, None) if causal else s * s) * (d + dv)
                 cell = f"d{d}{f'x{dv}' if dv != d else ''} s{s} {'causal' if causal else 'none'}"
                 impls = {name: (lambda p=p: p.attention(q, k, v)) for name, p in pkgs.items()}
+                for module in args.fwd_kernel:
+                    def pinned(module=module, p=pkgs["fa4gen"]):
+                        with p._forward.pinned(module):
+                            return p.attention(q, k, v)
+
+                    impls[f"fa4gen@{module}"] = pinned
                 if fa4 is not None:
                     impls["fa4"] = lambda: fa4(q, k, v, causal=causal)
                 if cudnn is not None:
