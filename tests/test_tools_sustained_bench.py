@@ -160,3 +160,30 @@ def test_cells_table_from_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         sb.main(["--cells", str(tmp_path / "none.json")])
     assert "--cells: no such file" in capsys.readouterr().err
+
+
+def test_ab_table(tmp_path, capsys):
+    import json
+
+    def write(name, ours, fa4, ours_bwd=None, fa4_bwd=None):
+        runs = [_run("fa4gen", ours, 1500.0, 700.0), _run("fa4", fa4, 1500.0, 700.0)]
+        if ours_bwd:
+            runs += [_run("fa4gen_bwd", ours_bwd, 1500.0, 700.0), _run("fa4_bwd", fa4_bwd, 1500.0, 700.0)]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "sustained.json").write_text(json.dumps({"rows": sb.summarize(runs)}))
+
+    # the ref runs on a slower clock: raw new/ref 1.10, through flash-attn-4 1.00 forward, 1.05 backward
+    write("new_1", 660.0, 660.0, 630.0, 600.0)
+    write("new_2", 660.0, 660.0, 630.0, 600.0)
+    write("ref_1", 600.0, 600.0, 600.0, 600.0)
+    write("ref_2", 600.0, 600.0, 600.0, 600.0)
+    assert sb.main(["--ab", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| d128 s16384 none | fa4gen | 660.0 / 660.0 | 600.0 / 600.0 | 1.000 | 1.100 |"
+    assert out[3] == "| d128 s16384 none | fa4gen_bwd | 630.0 / 630.0 | 600.0 / 600.0 | 1.050 | 1.050 |"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    sb.main(["--ab", str(empty)])
+    assert "no cell in both sides' runs" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sb.main(["--ab", str(tmp_path / "missing")])

@@ -10,7 +10,8 @@
 #                cells (ab_compare.py reads those too) in one file: a call returns at most 8 files)
 #                AB_SCRIPT=bench_varlen.py (another script in tools/ taking --out) runs that instead, and
 #                prints each run's markdown table in place of the comparison (AB_SCRIPT=bwd_profile.py: the
-#                main-kernel table of tools/profile_compare.py instead); bench_fwd.py runs with
+#                main-kernel table of tools/profile_compare.py instead; AB_SCRIPT=sustained_bench.py: its --ab
+#                table, new/ref per long cell at each kernel's steady clock); bench_fwd.py runs with
 #                --skip cudnn,sdpa_flash (the comparison reads fa4gen and flash-attn-4 only; AB_ALL=1 times all)
 #                and, before the rounds, both sides' fa4gen kernels are compiled in parallel processes
 #                (bench_fwd.py --prebuild N --prebuild-only, half the cores per side; AB_NO_PREBUILD=1 skips it)
@@ -97,6 +98,8 @@ case "${1:-}" in
     done
     if [[ $script == bench_fwd.py ]]; then
       python3 "$root/tools/ab_compare.py" "$out"
+    elif [[ $script == sustained_bench.py ]]; then
+      python3 "$root/tools/sustained_bench.py" --ab "$out" | tee "$out/ab.md"
     elif [[ $script == bwd_profile.py ]]; then
       join() { local IFS=,; echo "$*"; }
       python3 "$root/tools/profile_compare.py" "$(join "$out"/new_*/)" "$(join "$out"/ref_*/)" --markdown "$out/ab.md"

@@ -20,7 +20,9 @@ Run (GPU machine, after `source tools/device_env.sh`):
 --variant adds a fa4gen forward with those pipeline fields (bench_fwd.py's --pipeline syntax; e.g.
 `--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`; --fwd-kernel MODULE adds the default forward pinned
 to that kernel of its spec (tools/pin_ab.py's pinning), timed as `fa4gen@MODULE`. `--cells RUN/sustained.json ...`
-(no GPU) prints the per-cell ratio table of finished runs (the README's).
+(no GPU) prints the per-cell ratio table of finished runs (the README's); `--ab DIR` the new / ref table of
+`AB_SCRIPT=sustained_bench.py tools/ab_bench.sh run N -- ARGS` (the rounds of a sustained row agree within ~0.5%,
+against the grid's ±5%, so long-cell A/Bs resolve about 1%).
 """
 
 from __future__ import annotations
@@ -123,6 +125,35 @@ def cell_table(files: list[Path]) -> list[str]:
     return lines
 
 
+def ab_table(ab_dir: Path) -> list[str]:
+    """tools/ab_bench.sh with AB_SCRIPT=sustained_bench.py: per (cell, fa4gen implementation), new/ref through each
+    run's own flash-attn-4 (the median over runs of fa4gen / flash-attn-4, new over ref: clock drift between the
+    processes cancels) and raw (median TFLOP/s, new over ref), from DIR/{new,ref}_N/sustained.json."""
+    def side(name: str) -> dict[tuple, list[tuple[float, float | None]]]:
+        got: dict[tuple, list[tuple[float, float | None]]] = {}
+        for path in sorted(ab_dir.glob(f"{name}_*/sustained.json")):
+            rows = {(r["cell"], r["impl"]): r for r in json.loads(path.read_text())["rows"]}
+            for (cell, impl), r in rows.items():
+                if impl.startswith("fa4gen") and r.get("tflops"):
+                    ref = rows.get((cell, "fa4_bwd" if impl.endswith("_bwd") else "fa4"), {}).get("tflops")
+                    got.setdefault((cell, impl), []).append((r["tflops"], r["tflops"] / ref if ref else None))
+        return got
+
+    new, ref = side("new"), side("ref")
+    lines = ["| cell | implementation | new TFLOP/s (runs) | ref TFLOP/s (runs) | new/ref through FA4 | raw new/ref |",
+             "|---|---|---|---|---|---|"]
+    for key in [k for k in new if k in ref]:
+        a, b = new[key], ref[key]
+        raw = statistics.median(x for x, _ in a) / statistics.median(x for x, _ in b)
+        ra, rb = [r for _, r in a if r], [r for _, r in b if r]
+        through = f"{statistics.median(ra) / statistics.median(rb):.3f}" if ra and rb else "—"
+        lines.append(f"| {key[0]} | {key[1]} | {' / '.join(str(x) for x, _ in a)} | {' / '.join(str(x) for x, _ in b)} | "
+                     f"{through} | {raw:.3f} |")
+    if len(lines) == 2:
+        lines.append("| (no cell in both sides' runs) | | | | | |")
+    return lines
+
+
 def sustain(fn, warm_s: float, seconds: float):
     """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured (bench_fwd.run_for: synchronized
     every ~50 ms of GPU work). (calls, GPU ms between CUDA events around the measured calls, (t0, t1) host span)."""
@@ -161,7 +192,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="sustained_out")
     ap.add_argument("--cells", nargs="+", type=Path, metavar="JSON",
                     help="no run: print the per-cell ratio table of these sustained.json files (the README's) and stop")
+    ap.add_argument("--ab", type=Path, metavar="DIR",
+                    help="no run: the A/B table of tools/ab_bench.sh's DIR/{new,ref}_N/sustained.json (AB_SCRIPT="
+                         "sustained_bench.py) and stop")
     args = ap.parse_args(argv)
+    if args.ab:
+        if not args.ab.is_dir():
+            ap.error(f"--ab: no such folder: {args.ab}")
+        print("\n".join(ab_table(args.ab)))
+        return 0
     if args.cells:
         missing = [str(p) for p in args.cells if not p.is_file()]
         if missing:
