@@ -187,3 +187,22 @@ def test_ab_table(tmp_path, capsys):
     assert "no cell in both sides' runs" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         sb.main(["--ab", str(tmp_path / "missing")])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_pass_order_balances_predecessors(n):
+    bench = load_tool("bench_fwd")
+    names = [f"impl{i}" for i in range(n)]
+    assert bench.pass_order(names, 0) == names  # the first pass keeps the given order
+    passes = n if n % 2 == 0 else 2 * n
+    orders = [bench.pass_order(names, r) for r in range(passes)]
+    assert all(sorted(o) == names for o in orders)
+    pairs = [(a, b) for o in orders for a, b in zip(o, o[1:])]
+    if n > 1:
+        # every implementation right after every other one equally often (once for an even count, twice for odd)
+        assert sorted(set(pairs)) == sorted((a, b) for a in names for b in names if a != b)
+        assert len(pairs) == len(set(pairs)) * (1 if n % 2 == 0 else 2)
+        assert len({o[0] for o in orders}) == n  # and each one first in some pass
+    # the old rotation kept every predecessor fixed: impl0 always came right after the last one
+    if n == 4:
+        assert ("impl2", "impl3") in pairs and ("impl3", "impl2") in pairs

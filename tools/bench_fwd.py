@@ -210,7 +210,7 @@ def bench_ms(fn, **kw) -> float:
 # --settle S: every timing window is preceded by S seconds of the same implementation run back to back, untimed, so
 # it is timed at the clock its own power draw settles at rather than at the one its predecessor left. Session 77
 # (--clock-log, H100 at the 700 W cap): inside the grid, flash-attn-4's forward ran at 1633-1675 MHz in the d128
-# no-mask s16k cell, right after SDPA's flash kernel (the rotation keeps that order in every pass), against 1483-1489
+# no-mask s16k cell, right after SDPA's flash kernel (the old rotation kept that order in every pass), against 1483-1489
 # MHz sustained (tools/sustained_bench.py), while ours ran at ~1450 in both.
 SETTLE_S = 0.0
 SETTLE_CHUNK_S = 0.05  # GPU seconds of calls between synchronizations
@@ -269,18 +269,32 @@ def _span(res: dict, column: str, t0: float) -> None:
         res.setdefault("_spans", {}).setdefault(column, []).append((t0, time.time()))
 
 
-def rotation(names, rep: int) -> list:
-    """`names` in pass `rep`'s order: rotated by one per pass, so no implementation is always timed first."""
+def pass_order(names, rep: int) -> list:
+    """`names` in pass `rep`'s order: pass 0 as given, later passes the rows of a Williams design, so over n passes
+    (2n for an odd count n) every implementation is timed right after every other one equally often and no
+    implementation is always first. A plain rotation kept each implementation's predecessor fixed in every pass,
+    and on a power-capped card the predecessor sets the clock a short timing window starts at (session 77:
+    flash-attn-4, always timed after SDPA's flash kernel, ran ~10% above its sustained clock in the d128 no-mask s16k
+    cell)."""
     names = list(names)
-    return names[rep % len(names):] + names[:rep % len(names)]
+    n = len(names)
+    if n < 2:
+        return names
+    base = [0]  # 0, 1, n-1, 2, n-2, ...: consecutive differences take every nonzero value mod n once
+    for j in range(1, n):
+        base.append((j + 1) // 2 if j % 2 else n - j // 2)
+    label = {symbol: names[j] for j, symbol in enumerate(base)}  # pass 0's row is `names` as given
+    row, backwards = (rep // 2, rep % 2 == 1) if n % 2 else (rep, False)
+    order = [label[(symbol + row) % n] for symbol in base]
+    return order[::-1] if backwards else order
 
 
 def bwd_columns(res: dict, impls: dict, q, k, v, flops: float, repeats: int = 1) -> None:
     """Backward TFLOP/s of every implementation into `res` (the median over `repeats` passes, each in a
-    rotated order), fa4gen's gradients checked against cuDNN's."""
+    pass_order), fa4gen's gradients checked against cuDNN's."""
     grads, times = {}, {name: [] for name in impls}
     for rep in range(repeats):
-        for name in rotation(impls, rep):
+        for name in pass_order(impls, rep):
             try:
                 t0 = time.time()
                 ms, grads[name] = bwd_time_ms(impls[name], q, k, v)
@@ -333,7 +347,8 @@ def main():
                     help="run the whole command in N fresh processes one after another (out/proc_<i>) and merge "
                          "them per cell: median TFLOP/s, median of the same-run ratios, each side's spread")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="time every cell this many times, each pass in a rotated implementation order; median")
+                    help="time every cell this many times, each pass in another implementation order (pass_order: every "
+                         "implementation after every other equally often); median")
     ap.add_argument("--softcap", type=float, default=0.0,
                     help="logit softcap of every spec (flash-attn-4 gets the same; SDPA has none, so its columns stay empty)")
     ap.add_argument("--window", type=int, default=None, metavar="LEFT",
@@ -536,8 +551,8 @@ def main():
                     res["max_abs_diff_vs_cudnn"] = None
                     res["cudnn_ref_error"] = f"{type(err).__name__}: {err}"[:200]
                 times = {name: [] for name in impls}
-                for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
-                    for name in rotation(impls, rep):
+                for rep in range(args.repeats):  # each pass in another order (pass_order): no fixed predecessor
+                    for name in pass_order(impls, rep):
                         try:
                             settle(impls[name])
                             t0 = time.time()

@@ -34,7 +34,7 @@ except ImportError:  # a CPU machine: importable (tools/bwd_profile.py, tests), 
     do_bench = None
 
 import fa4gen
-from bench_fwd import _first, bwd_time_ms, rotation
+from bench_fwd import _first, bwd_time_ms, pass_order
 from host_overhead_cpu import top_own_time
 
 TOKENS, HIDDEN = 16384, 2048
@@ -125,8 +125,8 @@ def main() -> None:
     ap.add_argument("--ranges", default="128-1024,512-8192", help="comma-separated lo-hi sequence length ranges")
     ap.add_argument("--bwd", action="store_true", help="add backward columns")
     ap.add_argument("--repeats", type=int, default=1,
-                    help="with --bwd: time each backward this many times (rotated order; the median is reported, "
-                         "every pass kept in the JSON as <impl>_bwd_passes)")
+                    help="with --bwd: time each backward this many times (bench_fwd.pass_order's orders; the median "
+                         "is reported, every pass kept in the JSON as <impl>_bwd_passes)")
     ap.add_argument("--breakdown", action="store_true",
                     help="with --bwd: after each pass, one backward call's kernels, GPU wall, host time and SM clock "
                          "(JSON: <impl>_bwd_breakdown, one entry per pass)")
@@ -174,8 +174,8 @@ def main() -> None:
                     if flash_attn_varlen_func is not None:
                         impls["fa4"] = lambda q, k, v: _first(flash_attn_varlen_func(q, k, v, **fa_kw))
                     grads, passes = {}, {impl: [] for impl in impls}
-                    for rep in range(args.repeats):  # each pass in a rotated order: no implementation always first
-                        for impl in rotation(impls, rep):
+                    for rep in range(args.repeats):  # each pass in another order (pass_order): no fixed predecessor
+                        for impl in pass_order(impls, rep):
                             ms, grads[impl] = bwd_time_ms(impls[impl], q, k, v)
                             passes[impl].append(round(2.5 * flops / (ms * 1e-3) / 1e12, 1))
                             if args.breakdown:

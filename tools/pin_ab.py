@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("pin_ab: needs a CUDA GPU (it times kernels); none is visible here")
     import fa4gen
-    from bench_fwd import _causal_keys, _fwd_spec, bench_ms, rotation
+    from bench_fwd import _causal_keys, _fwd_spec, bench_ms, pass_order
 
     causal = args.mask != "none"
     tag = args.mask or (f"c{args.chunk}" if args.chunk else f"w{args.window}")
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         flops = 4 * b * h * pairs * d
         got = {name: [] for name in kernels}
         for r in range(args.rounds):
-            for name in rotation(kernels, r):
+            for name in pass_order(kernels, r):
                 with op.pinned(name):
                     got[name].append(flops / (bench_ms(lambda: pkg.attention(q, k, v)) * 1e-3) / 1e12)
         outs = []

@@ -8,9 +8,9 @@ cap: under the power cap a kernel's speed is set by its energy per unit of work,
 runs layer after layer on a hot card, so the sustained figure is the one users get at long sequence lengths.
 
 Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` measured (chunks of ~50 ms of calls,
-synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). The order
-rotates by one per round. Per implementation: TFLOP/s (median over rounds), mean SM MHz and W over the measured
-spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
+synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). Each
+round takes another order (bench_fwd.pass_order). Per implementation: TFLOP/s (median over rounds), mean SM MHz and
+W over the measured spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
 each as a ratio to flash-attn-4's. No L2 flush between calls (the back-to-back case); at 16k tokens of d >= 64 a
 call's K / V (>= 64 MiB) does not fit the 50 MB L2.
 
@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma list of cudnn, fa4: not timed")
     ap.add_argument("--warm", type=float, default=2.0, help="seconds each implementation runs before its measured span")
     ap.add_argument("--seconds", type=float, default=3.0, help="measured seconds per implementation and round")
-    ap.add_argument("--rounds", type=int, default=2, help="passes over the implementations, each rotated by one")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="passes over the implementations, each in another order (bench_fwd.pass_order)")
     ap.add_argument("--out", default="sustained_out")
     ap.add_argument("--cells", nargs="+", type=Path, metavar="JSON",
                     help="no run: print the per-cell ratio table of these sustained.json files (the README's) and stop")
@@ -212,7 +213,7 @@ def main(argv=None) -> int:
         ap.error(f"--skip: expected a comma list of cudnn, fa4; got {args.skip!r}")
     if args.rounds < 1 or args.seconds <= 0 or args.warm < 0:
         ap.error("--rounds >= 1, --seconds > 0 and --warm >= 0 expected")
-    from bench_fwd import _bwd_spec, _causal_keys, _dims, _fa4, _first, _fwd_spec, _masks, _sdpa, _sdpa_bshd, rotation
+    from bench_fwd import _bwd_spec, _causal_keys, _dims, _fa4, _first, _fwd_spec, _masks, _sdpa, _sdpa_bshd, pass_order
 
     dims, masks = _dims(args.dims), _masks(args.masks)
     if args.variant:  # checked by the spec model before anything runs
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
                         impls[name] = step
                         work[name] = 2.5 * flops
                 for rnd in range(args.rounds):
-                    for name in rotation(impls, rnd):
+                    for name in pass_order(impls, rnd):
                         calls, ms, span = sustain(impls[name], args.warm, args.seconds)
                         r = {"cell": cell, "impl": name, "round": rnd, "calls": calls, "ms": round(ms, 2),
                              "tflops": round(work[name] * calls / (ms * 1e-3) / 1e12, 1), "span": span}
@@ -314,7 +315,8 @@ def main(argv=None) -> int:
     (out / "sustained.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "argv": sys.argv[1:],
                                                     "matmul_after": matmul, "runs": runs, "rows": rows}, indent=1))
     lines = [f"Sustained ({args.warm} s warm + {args.seconds} s measured per implementation and round, {args.rounds} "
-             f"round(s), rotated; no L2 flush between calls). bf16 8192^3 matmul sustained after the cells: "
+             f"round(s) in bench_fwd.pass_order's orders; no L2 flush between calls). "
+             f"bf16 8192^3 matmul sustained after the cells: "
              f"{matmul['tflops']} TFLOP/s at {matmul.get('sm_mhz')} MHz, {matmul.get('watts')} W", "", *table(rows)]
     (out / "sustained.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
