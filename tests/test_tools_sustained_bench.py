@@ -206,3 +206,19 @@ def test_pass_order_balances_predecessors(n):
     # the old rotation kept every predecessor fixed: impl0 always came right after the last one
     if n == 4:
         assert ("impl2", "impl3") in pairs and ("impl3", "impl2") in pairs
+
+
+def test_run_for_sizes_its_chunk_after_a_slow_first_call(fake_cuda):
+    import time
+
+    bench = load_tool("bench_fwd")
+    syncs, calls = [], []
+    torch.cuda.synchronize = lambda: syncs.append(len(calls))  # (fake_cuda's stand-in, counting)
+
+    def fn():  # a first call that "compiles" for 0.3 s, then 2 ms calls
+        time.sleep(0.3 if not calls else 0.002)
+        calls.append(1)
+
+    n = bench.run_for(fn, 0.15)
+    assert n == len(calls) and n > 20
+    assert len(syncs) < n / 5  # synchronized every ~25 calls, not after each one

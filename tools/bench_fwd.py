@@ -218,13 +218,16 @@ SETTLE_CHUNK_S = 0.05  # GPU seconds of calls between synchronizations
 
 def run_for(fn, seconds: float) -> int:
     """Call fn back to back for `seconds` (host time), synchronizing every ~SETTLE_CHUNK_S of GPU work (so the host
-    span matches the GPU's); the number of calls made."""
+    span matches the GPU's); the number of calls made. The chunk is sized from the second of two calls (a first
+    call may compile)."""
+    fn()
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
     end.record()
     torch.cuda.synchronize()
-    calls, chunk = 1, max(1, round(SETTLE_CHUNK_S / max(start.elapsed_time(end) * 1e-3, 1e-6)))
+    calls, chunk = 2, max(1, round(SETTLE_CHUNK_S / max(start.elapsed_time(end) * 1e-3, 1e-6)))
     t0 = time.time()
     while time.time() - t0 < seconds:
         for _ in range(chunk):

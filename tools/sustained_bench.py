@@ -160,7 +160,7 @@ def sustain(fn, warm_s: float, seconds: float):
     import torch
     from bench_fwd import run_for
 
-    fn()
+    fn()  # (a first call may compile)
     torch.cuda.synchronize()
     if warm_s > 0:
         run_for(fn, warm_s)
