@@ -29,7 +29,15 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     assert re.search(r"loop:\s+\d+ instructions\s+34 MMA\s+40 MUFU.EX2\s+0 LDL/STL", out), out
     # --cycles: the same loop's static issue cycles and its 40-long MUFU.EX2 stream (session 60: 465 / 960)
     assert re.search(r"loop:\s+\d+ instructions\s+\d+ issue cycles\s+40 MUFU.EX2 over \d+ cycles", out), out
-    assert any(p.suffix == ".cubin" for p in (tmp_path / "keep").iterdir())
+    kept = sorted(p for p in (tmp_path / "keep").iterdir() if p.suffix == ".cubin")
+    assert kept
+    # --cubins lists the kept cubins without compiling, and a host object by the cubin it embeds
+    main_cubin = next(p for p in kept if "bwd_sm90" in p.name)
+    wrapped = tmp_path / "artifact.o"
+    wrapped.write_bytes(b"not an ELF header" + main_cubin.read_bytes())
+    assert tool.main(["--cubins", str(main_cubin), str(wrapped)]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("loop:") >= 2 and listed.count("34 MMA   40 MUFU.EX2") == 2, listed
 
 
 def test_fa4_sass_cpu_refuses_a_malformed_head_dim(tmp_path, capsys):
@@ -37,3 +45,10 @@ def test_fa4_sass_cpu_refuses_a_malformed_head_dim(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tool.main(["--dim", "192x", "--fa4-wheel", str(tmp_path)])
     assert "--dim: expected a head dim such as 128 or DxDV such as 192x128, got '192x'" in capsys.readouterr().err
+
+
+def test_fa4_sass_cpu_cubins_names_a_missing_file(tmp_path, capsys):
+    tool = load_tool("fa4_sass_cpu")
+    with pytest.raises(SystemExit):
+        tool.main(["--cubins", str(tmp_path / "none.cubin")])
+    assert "--cubins: no such file" in capsys.readouterr().err

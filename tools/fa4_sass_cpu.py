@@ -15,7 +15,13 @@ Run: `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 128|192x128 [--causal] [--
 then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["sm90"], "dtype": "bf16",
 "head_dim": 128, "mask": {"kind": "none"}, "backward": true, "allow_gqa": false}' --ops 32` for fa4gen's.
 `--cycles` adds each loop's static issue cycles and MUFU.EX2 stream, as `tools/sass_loops.py --cycles` prints ours
-(session 60: flash-attn-4's d128 causal backward loop 844 cycles, ours 1,068).
+(session 60: flash-attn-4's d128 causal backward loop 844 cycles, ours 1,068). `--cubins FILE ...` lists the loops of
+cubins built elsewhere instead: the GPU machine's DSL libraries are the cu13 build and this machine's the cu12 one,
+and their ptxas allocate differently (session 77: the d64 no-mask one-CTA forward's loop builds its K / V descriptors
+in vector registers here, where session 43's H200 listing had uniform ones), so for the GPU's own SASS bring its
+cubins here: flash-attn-4's with `CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR=$OUT/fa4` around a run that compiles it,
+fa4gen's as the artifacts of its disk cache after a run (`find $FA4GEN_CACHE_DIR -name 'artifact*'`; fa4gen's
+compile ignores CUTE_DSL_KEEP).
 """
 
 import argparse
@@ -74,11 +80,14 @@ def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
     most cycles)."""
     from sass_loops import loop_cycles, loop_lines, loop_rows
 
+    from fa4gen.compile.elf import extract_cubins
     from fa4gen.compile.sass import disassemble_with_control
 
     lines = []
-    # the control listing reads as the plain one (each instruction line ends in its stall count)
-    for fn in disassemble_with_control(cubin.read_bytes()).split(".section\t.text.")[1:]:
+    # the control listing reads as the plain one (each instruction line ends in its stall count); a host object
+    # (fa4gen's cache artifacts) is read as the cubins it embeds
+    listing = "".join(disassemble_with_control(c) for c in extract_cubins(cubin.read_bytes()))
+    for fn in listing.split(".section\t.text.")[1:]:
         if not loop_rows(fn):
             continue
         name = fn.split("\n", 1)[0].split(",")[0]
@@ -101,7 +110,19 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", action="store_true",
                     help="also each loop's static issue cycles and MUFU.EX2 stream (from the control codes)")
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
+    ap.add_argument("--cubins", type=Path, nargs="+", metavar="CUBIN", default=None,
+                    help="no compile: list the loops of these cubins, or of the cubins embedded in host objects "
+                         "(fa4gen's cache artifacts), e.g. ones a GPU machine built with its own toolchain")
     args = ap.parse_args(argv)
+    if args.cubins:
+        missing = [str(c) for c in args.cubins if not c.is_file()]
+        if missing:
+            ap.error(f"--cubins: no such file: {', '.join(missing)}")
+        for cubin in args.cubins:
+            print(f"== {cubin.name}")
+            for line in describe(cubin, args.ops, args.cycles):
+                print(line)
+        return 0
     d, x, dv = args.dim.partition("x")
     if not (d.isdigit() and (dv.isdigit() if x else not dv)):
         ap.error(f"--dim: expected a head dim such as 128 or DxDV such as 192x128, got {args.dim!r}")
