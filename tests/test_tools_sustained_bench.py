@@ -222,3 +222,31 @@ def test_run_for_sizes_its_chunk_after_a_slow_first_call(fake_cuda):
     n = bench.run_for(fn, 0.15)
     assert n == len(calls) and n > 20
     assert len(syncs) < n / 5  # synchronized every ~25 calls, not after each one
+
+
+def test_output_and_grad_checks_refuse_a_wrong_kernel(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    torch.manual_seed(0)
+    ref = torch.randn(2, 64, 4, 32).to(torch.bfloat16)
+    close = (ref.float() + 1e-3).to(torch.bfloat16)
+    impls = {"fa4gen": lambda: close, "fa4gen:x": lambda: close, "fa4": lambda: ref}
+    sb.check_outputs("cell", impls)  # within a few ulps: passes
+    impls["fa4gen:bad"] = lambda: torch.zeros_like(ref)
+    with pytest.raises(SystemExit, match="fa4gen:bad differs from fa4 in cell"):
+        sb.check_outputs("cell", impls)
+    # without flash-attn-4, cuDNN's BHSD output is the reference (transposed)
+    sb.check_outputs("cell", {"fa4gen": lambda: ref, "cudnn": lambda: ref.transpose(1, 2)})
+
+    q = torch.randn(1, 8, 2, 16)
+    leaves_of = {n: tuple(x.clone().requires_grad_() for x in (q, q, q)) for n in ("fa4gen_bwd", "fa4_bwd")}
+
+    def step(name, scale):
+        def run():
+            for x in leaves_of[name]:
+                x.grad = None
+            (sum((x * scale).sum() for x in leaves_of[name])).backward()
+        return run
+
+    sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 1.0), "fa4_bwd": step("fa4_bwd", 1.0)}, leaves_of)
+    with pytest.raises(SystemExit, match="fa4gen_bwd's dQ differs from fa4_bwd's in cell"):
+        sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 2.0), "fa4_bwd": step("fa4_bwd", 1.0)}, leaves_of)

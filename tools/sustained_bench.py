@@ -11,7 +11,8 @@ Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` me
 synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). Each
 round takes another order (bench_fwd.pass_order). Per implementation: TFLOP/s (median over rounds), mean SM MHz and
 W over the measured spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
-each as a ratio to flash-attn-4's. No L2 flush between calls (the back-to-back case); at 16k tokens of d >= 64 a
+each as a ratio to flash-attn-4's. Before a cell is timed, every fa4gen forward (variants and pinned kernels too)
+and the backward's dQ / dK / dV are compared with flash-attn-4's (else cuDNN's); one that differs stops the run. No L2 flush between calls (the back-to-back case); at 16k tokens of d >= 64 a
 call's K / V (>= 64 MiB) does not fit the 50 MB L2.
 
 Run (GPU machine, after `source tools/device_env.sh`):
@@ -154,6 +155,57 @@ def ab_table(ab_dir: Path) -> list[str]:
     return lines
 
 
+# fa4gen's outputs against a peer's before anything is timed (a variant or a pinned kernel that computes something
+# else must not be timed as attention): bf16 outputs, |o| <= max |v| ~ 4 for normal inputs, whose roundings differ
+# by a few ulps between kernels (bench_fwd.py's grid reads 0.0005-0.001 against cuDNN); 2^-6 of the reference's
+# largest magnitude (at least 1) leaves room for those and catches a wrong result
+TOLERANCE = 2.0**-6
+
+
+def _close(got, ref) -> tuple[bool, float]:
+    diff = (got.float() - ref.float()).abs().max().item()
+    return diff <= TOLERANCE * max(1.0, ref.float().abs().max().item()), diff
+
+
+def check_outputs(cell: str, impls: dict) -> None:
+    """Every fa4gen forward of `impls` against flash-attn-4's output (cuDNN's without it: BHSD, so transposed; else
+    the default fa4gen's); SystemExit naming the implementation when one is off."""
+    import torch
+
+    ref_name = next((n for n in ("fa4", "cudnn", "fa4gen") if n in impls), None)
+    if ref_name is None:
+        return
+    ref = impls[ref_name]()
+    ref = (ref[0] if isinstance(ref, tuple) else ref)
+    if ref_name == "cudnn":
+        ref = ref.transpose(1, 2)
+    for name, fn in impls.items():
+        if name.startswith("fa4gen") and name != ref_name:
+            ok, diff = _close(fn(), ref)
+            if not ok:
+                raise SystemExit(f"sustained_bench: {name} differs from {ref_name} in {cell} by {diff:.3g} "
+                                 f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
+    torch.cuda.synchronize()
+
+
+def check_grads(cell: str, steps: dict, leaves_of: dict) -> None:
+    """fa4gen's backward gradients against flash-attn-4's (else cuDNN's): one step of each (`steps`: name -> a
+    backward step that fills its `leaves_of[name]` (q, k, v) gradients), then dQ, dK, dV compared as check_outputs
+    compares outputs."""
+    ref_name = next((n for n in ("fa4_bwd", "cudnn_bwd") if n in steps), None)
+    if ref_name is None or "fa4gen_bwd" not in steps:
+        return
+    grads = {}
+    for name in ("fa4gen_bwd", ref_name):
+        steps[name]()
+        grads[name] = [x.grad.clone() for x in leaves_of[name]]
+    for label, got, ref in zip(("dQ", "dK", "dV"), grads["fa4gen_bwd"], grads[ref_name]):
+        ok, diff = _close(got, ref)
+        if not ok:
+            raise SystemExit(f"sustained_bench: fa4gen_bwd's {label} differs from {ref_name}'s in {cell} by {diff:.3g} "
+                             f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
+
+
 def sustain(fn, warm_s: float, seconds: float):
     """Run fn back to back: `warm_s` seconds unmeasured, then `seconds` measured (bench_fwd.run_for: synchronized
     every ~50 ms of GPU work). (calls, GPU ms between CUDA events around the measured calls, (t0, t1) host span)."""
@@ -277,6 +329,7 @@ def main(argv=None) -> int:
                 if cudnn is not None:
                     impls["cudnn"] = lambda: cudnn(qt, kt, vt, causal)
                 work = {name: flops for name in impls}
+                check_outputs(cell, impls)
                 if bwd_pkg is not None:
                     fwds = {"fa4gen_bwd": bwd_pkg.attention}
                     if fa4 is not None:
@@ -285,8 +338,9 @@ def main(argv=None) -> int:
                         fwds["cudnn_bwd"] = _sdpa_bshd(cudnn, causal)
                     torch.manual_seed(0)
                     dout = torch.randn(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
+                    leaves_of = {}
                     for name, run in fwds.items():
-                        leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+                        leaves = leaves_of[name] = tuple(x.detach().requires_grad_() for x in (q, k, v))
                         o = run(*leaves)
 
                         def step(o=o, leaves=leaves):
@@ -296,6 +350,7 @@ def main(argv=None) -> int:
 
                         impls[name] = step
                         work[name] = 2.5 * flops
+                    check_grads(cell, {name: impls[name] for name in fwds}, leaves_of)
                 for rnd in range(args.rounds):
                     for name in pass_order(impls, rnd):
                         calls, ms, span = sustain(impls[name], args.warm, args.seconds)
