@@ -8,12 +8,13 @@ cap: under the power cap a kernel's speed is set by its energy per unit of work,
 runs layer after layer on a hot card, so the sustained figure is the one users get at long sequence lengths.
 
 Each (cell, implementation) runs `--warm` seconds to settle, then `--seconds` measured (chunks of ~50 ms of calls,
-synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). Each
-round takes another order (bench_fwd.pass_order). Per implementation: TFLOP/s (median over rounds), mean SM MHz and
-W over the measured spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent), and
-each as a ratio to flash-attn-4's. Before a cell is timed, every fa4gen forward (variants and pinned kernels too)
-and the backward's dQ / dK / dV are compared with flash-attn-4's (else cuDNN's); one that differs stops the run. No L2 flush between calls (the back-to-back case); at 16k tokens of d >= 64 a
-call's K / V (>= 64 MiB) does not fit the 50 MB L2.
+synchronized between chunks so the host-side span matches the GPU's work; CUDA events time the span). Each round takes
+another order (bench_fwd.pass_order). Per implementation: TFLOP/s (median over rounds), mean SM MHz and W over the
+measured spans, TFLOP/J (TFLOP/s / W) and TFLOP per clock GHz (TFLOP/s / GHz: the work per cycle, clock-independent),
+and each as a ratio to flash-attn-4's. Before a cell is timed, every fa4gen forward (variants and pinned kernels too)
+and the backward's dQ / dK / dV are compared with flash-attn-4's (else cuDNN's); one that differs stops the run. No L2
+flush between calls (the back-to-back case); at 16k tokens of d >= 64 a call's K / V (>= 64 MiB) does not fit the 50 MB
+L2.
 
 Run (GPU machine, after `source tools/device_env.sh`):
     python3 tools/sustained_bench.py --dims 128 --masks none --seqlens 16384 [--bwd] [--rounds 2]
