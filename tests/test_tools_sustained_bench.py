@@ -51,6 +51,14 @@ def test_summarize_ratios():
                for line in lines)
 
 
+def test_backward_variants_compare_with_flash_attn_4s_backward():
+    runs = [_run("fa4gen_bwd:swap", 630.0, 1500.0, 700.0), _run("fa4_bwd", 600.0, 1500.0, 700.0),
+            _run("fa4", 700.0, 1500.0, 700.0)]
+    rows = {r["impl"]: r for r in sb.summarize(runs)}
+    assert rows["fa4gen_bwd:swap"]["vs_fa4"] == 1.05
+    assert sb.is_backward("fa4gen_bwd:x") and sb.is_backward("cudnn_bwd") and not sb.is_backward("fa4gen:bwd_x")
+
+
 def test_summarize_without_samples():
     rows = sb.summarize([_run("fa4gen", 600.0, None, None), _run("fa4", 600.0, None, None)])
     assert all(r["sm_mhz"] is None and r["tflop_per_j"] is None and r["per_clock_vs_fa4"] is None for r in rows)
@@ -66,6 +74,11 @@ def test_refusals_before_gpu_work(capsys):
         sb.main(["--rounds", "0"])
     with pytest.raises(SystemExit, match="tile_n"):  # the spec model names the field before anything runs
         sb.main(["--variant", "n:tile_n=17"])
+    with pytest.raises(SystemExit):
+        sb.main(["--bwd-variant", "s:bwd_swap_ab=true"])  # without --bwd
+    assert "--bwd-variant: give --bwd too" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="bwd_swap_ab"):  # the planner refuses the Sᵀ layout above d128, by field
+        sb.main(["--bwd", "--dims", "256", "--bwd-variant", "s:bwd_swap_ab=true"])
     with pytest.raises(SystemExit, match="has no forward kernel 'fwd_sm100'"):  # named with the spec's forwards
         sb.main(["--dims", "64", "--fwd-kernel", "fwd_sm100"])
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
@@ -250,3 +263,8 @@ def test_output_and_grad_checks_refuse_a_wrong_kernel(monkeypatch):
     sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 1.0), "fa4_bwd": step("fa4_bwd", 1.0)}, leaves_of)
     with pytest.raises(SystemExit, match="fa4gen_bwd's dQ differs from fa4_bwd's in cell"):
         sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 2.0), "fa4_bwd": step("fa4_bwd", 1.0)}, leaves_of)
+    # a backward variant is checked too
+    leaves_of["fa4gen_bwd:v"] = tuple(x.clone().requires_grad_() for x in (q, q, q))
+    with pytest.raises(SystemExit, match="fa4gen_bwd:v's dQ differs"):
+        sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 1.0), "fa4_bwd": step("fa4_bwd", 1.0),
+                                "fa4gen_bwd:v": step("fa4gen_bwd:v", 3.0)}, leaves_of)

@@ -20,7 +20,8 @@ Run (GPU machine, after `source tools/device_env.sh`):
     python3 tools/sustained_bench.py --dims 128 --masks none --seqlens 16384 [--bwd] [--rounds 2]
         [--variant NAME:FIELD=JSON[;FIELD=JSON]] [--skip cudnn] --out $OUT/sustained
 --variant adds a fa4gen forward with those pipeline fields (bench_fwd.py's --pipeline syntax; e.g.
-`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`; --fwd-kernel MODULE adds the default forward pinned
+`--variant pp_off:ping_pong=false`), timed as `fa4gen:NAME`, and --bwd-variant the same for the backward
+(`fa4gen_bwd:NAME`, e.g. `--bwd-variant swap:bwd_swap_ab=true`); --fwd-kernel MODULE adds the default forward pinned
 to that kernel of its spec (tools/pin_ab.py's pinning), timed as `fa4gen@MODULE`. `--cells RUN/sustained.json ...`
 (no GPU) prints the per-cell ratio table of finished runs (the README's); `--ab DIR` the new / ref table of
 `AB_SCRIPT=sustained_bench.py tools/ab_bench.sh run N -- ARGS` (the rounds of a sustained row agree within ~0.5%,
@@ -57,6 +58,22 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, fields
 
 
+def is_backward(impl: str) -> bool:
+    """An implementation name of a backward: fa4gen_bwd, fa4_bwd, cudnn_bwd, or a variant fa4gen_bwd:NAME."""
+    return impl.split(":")[0].split("@")[0].endswith("_bwd")
+
+
+def _bwd_variant_spec(d: int, causal: bool, dv: int, name: str | None = None, fields: dict | None = None) -> dict:
+    """bench_fwd.py's backward spec of a grid row, with `fields` over its pipeline (--bwd-variant NAME)."""
+    from bench_fwd import _bwd_spec
+
+    spec = _bwd_spec(d, causal, False, dv=dv)
+    if name is not None:
+        spec["name"] = f"{spec['name']}_v{name}"
+        spec["pipeline"] = {**spec["pipeline"], **(fields or {})}
+    return spec
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     """Rows per (cell, implementation) from the per-round runs (each {"cell": ..., "impl": ..., "tflops", "sm_mhz",
     "watts", "temp_c"}): median TFLOP/s, mean MHz / W, TFLOP/J and TFLOP per GHz, and each as a ratio to the same
@@ -79,7 +96,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         rows.append(row)
     by_key = {(r["cell"], r["impl"]): r for r in rows}
     for r in rows:
-        ref = by_key.get((r["cell"], "fa4_bwd" if r["impl"].endswith("_bwd") else "fa4"))
+        ref = by_key.get((r["cell"], "fa4_bwd" if is_backward(r["impl"]) else "fa4"))
         for key, out in (("tflops", "vs_fa4"), ("tflop_per_ghz", "per_clock_vs_fa4"), ("tflop_per_j", "per_joule_vs_fa4")):
             r[out] = round(r[key] / ref[key], 3) if ref and r[key] and ref.get(key) else None
     return rows
@@ -137,7 +154,7 @@ def ab_table(ab_dir: Path) -> list[str]:
             rows = {(r["cell"], r["impl"]): r for r in json.loads(path.read_text())["rows"]}
             for (cell, impl), r in rows.items():
                 if impl.startswith("fa4gen") and r.get("tflops"):
-                    ref = rows.get((cell, "fa4_bwd" if impl.endswith("_bwd") else "fa4"), {}).get("tflops")
+                    ref = rows.get((cell, "fa4_bwd" if is_backward(impl) else "fa4"), {}).get("tflops")
                     got.setdefault((cell, impl), []).append((r["tflops"], r["tflops"] / ref if ref else None))
         return got
 
@@ -190,21 +207,25 @@ def check_outputs(cell: str, impls: dict) -> None:
 
 
 def check_grads(cell: str, steps: dict, leaves_of: dict) -> None:
-    """fa4gen's backward gradients against flash-attn-4's (else cuDNN's): one step of each (`steps`: name -> a
-    backward step that fills its `leaves_of[name]` (q, k, v) gradients), then dQ, dK, dV compared as check_outputs
-    compares outputs."""
+    """Every fa4gen backward's gradients (fa4gen_bwd and its variants) against flash-attn-4's (else cuDNN's): one step
+    of each (`steps`: name -> a backward step that fills its `leaves_of[name]` (q, k, v) gradients), then dQ, dK, dV
+    compared as check_outputs compares outputs."""
     ref_name = next((n for n in ("fa4_bwd", "cudnn_bwd") if n in steps), None)
-    if ref_name is None or "fa4gen_bwd" not in steps:
+    if ref_name is None:
         return
     grads = {}
-    for name in ("fa4gen_bwd", ref_name):
-        steps[name]()
-        grads[name] = [x.grad.clone() for x in leaves_of[name]]
-    for label, got, ref in zip(("dQ", "dK", "dV"), grads["fa4gen_bwd"], grads[ref_name]):
-        ok, diff = _close(got, ref)
-        if not ok:
-            raise SystemExit(f"sustained_bench: fa4gen_bwd's {label} differs from {ref_name}'s in {cell} by {diff:.3g} "
-                             f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
+    for name in steps:
+        if name == ref_name or name.startswith("fa4gen_bwd"):
+            steps[name]()
+            grads[name] = [x.grad.clone() for x in leaves_of[name]]
+    for name, got in grads.items():
+        if name == ref_name:
+            continue
+        for label, g, ref in zip(("dQ", "dK", "dV"), got, grads[ref_name]):
+            ok, diff = _close(g, ref)
+            if not ok:
+                raise SystemExit(f"sustained_bench: {name}'s {label} differs from {ref_name}'s in {cell} by {diff:.3g} "
+                                 f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
 
 
 def sustain(fn, warm_s: float, seconds: float):
@@ -234,6 +255,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd", action="store_true", help="also the backwards (fa4gen, flash-attn-4, cuDNN)")
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME:FIELD=JSON[;...]",
                     help="a fa4gen forward with these pipeline fields, timed as fa4gen:NAME (repeatable)")
+    ap.add_argument("--bwd-variant", action="append", default=[], type=parse_variant, metavar="NAME:FIELD=JSON[;...]",
+                    help="with --bwd: a fa4gen backward with these pipeline fields (e.g. bwd_swap_ab=true, "
+                         "bwd_dq_atomic=true), timed as fa4gen_bwd:NAME (repeatable)")
     ap.add_argument("--fwd-kernel", action="append", default=[], metavar="MODULE",
                     help="also fa4gen's default forward pinned to this kernel of its spec whatever the call's seqlen_q "
                          "(e.g. fwd_sm90: the persistent forward where the API runs fwd_sm90_long), timed as "
@@ -266,7 +290,7 @@ def main(argv=None) -> int:
         ap.error(f"--skip: expected a comma list of cudnn, fa4; got {args.skip!r}")
     if args.rounds < 1 or args.seconds <= 0 or args.warm < 0:
         ap.error("--rounds >= 1, --seconds > 0 and --warm >= 0 expected")
-    from bench_fwd import _bwd_spec, _causal_keys, _dims, _fa4, _first, _fwd_spec, _masks, _sdpa, _sdpa_bshd, pass_order
+    from bench_fwd import _causal_keys, _dims, _fa4, _first, _fwd_spec, _masks, _sdpa, _sdpa_bshd, pass_order
 
     dims, masks = _dims(args.dims), _masks(args.masks)
     if args.variant:  # checked by the spec model before anything runs
@@ -277,6 +301,19 @@ def main(argv=None) -> int:
                 spec_from_dict(_fwd_spec(64, False, pipeline=fields), source=f"--variant {name}")
             except SpecError as err:
                 raise SystemExit(str(err)) from None
+    if args.bwd_variant and not args.bwd:
+        ap.error("--bwd-variant: give --bwd too")
+    for name, fields in args.bwd_variant:  # checked by the spec model and the planner before anything runs
+        from fa4gen.plan import plan_kernels
+        from fa4gen.spec import SpecError, spec_from_dict
+
+        for d, dv in dims:
+            for causal in (m == "causal" for m in masks):
+                try:
+                    plan_kernels(spec_from_dict(_bwd_variant_spec(d, causal, dv, name, fields),
+                                                source=f"--bwd-variant {name}"), "sm90")
+                except SpecError as err:
+                    raise SystemExit(str(err)) from None
     if args.fwd_kernel:  # (on the CPU too: the plans name each spec's forward kernels)
         from fa4gen.plan import plan_kernels
         from fa4gen.spec import spec_from_dict
@@ -310,7 +347,11 @@ def main(argv=None) -> int:
             pkgs = {"fa4gen": fa4gen.build(_fwd_spec(d, causal, dv))}
             for name, fields in args.variant:
                 pkgs[f"fa4gen:{name}"] = fa4gen.build(_fwd_spec(d, causal, dv, pipeline=fields))
-            bwd_pkg = fa4gen.build(_bwd_spec(d, causal, False, dv=dv)) if args.bwd else None
+            bwd_pkgs = {}
+            if args.bwd:
+                bwd_pkgs["fa4gen_bwd"] = fa4gen.build(_bwd_variant_spec(d, causal, dv))
+                for name, fields in args.bwd_variant:
+                    bwd_pkgs[f"fa4gen_bwd:{name}"] = fa4gen.build(_bwd_variant_spec(d, causal, dv, name, fields))
             for s in map(int, args.seqlens.split(",")):
                 b, h = max(1, 16384 // s), 2048 // d
                 q, k = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
@@ -331,8 +372,8 @@ def main(argv=None) -> int:
                     impls["cudnn"] = lambda: cudnn(qt, kt, vt, causal)
                 work = {name: flops for name in impls}
                 check_outputs(cell, impls)
-                if bwd_pkg is not None:
-                    fwds = {"fa4gen_bwd": bwd_pkg.attention}
+                if bwd_pkgs:
+                    fwds = {name: p.attention for name, p in bwd_pkgs.items()}
                     if fa4 is not None:
                         fwds["fa4_bwd"] = lambda q, k, v: _first(fa4(q, k, v, causal=causal))
                     if cudnn is not None:
