@@ -181,3 +181,42 @@ def test_ab_bench_gives_each_ab_of_a_call_its_own_archive(tmp_path):
         with tarfile.open(out / name) as tar:
             names = set(tar.getnames())
         assert {"ab/new_1/run.md", "ab/ref_1/run.md", "ab/new_2/run.md", "ab/ref_2/run.md"} <= names, names
+
+
+def test_ab_bench_with_sustained_bench_prints_its_ab_table(tmp_path):
+    """AB_SCRIPT=sustained_bench.py: after the rounds ab_bench.sh prints `sustained_bench.py --ab` over the runs (and
+    writes it to ab.md). A stand-in of that name writes each run's sustained.json (the new side 5% faster against the
+    same flash-attn-4) and hands --ab to the real tool."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path / "tree"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy(repo / "tools" / "ab_bench.sh", root / "tools" / "ab_bench.sh")
+    (root / "tools" / "sustained_bench.py").write_text(f"""
+import json, sys, pathlib, importlib.util
+spec = importlib.util.spec_from_file_location("real", {str(repo / "tools" / "sustained_bench.py")!r})
+real = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(real)
+if "--ab" in sys.argv:
+    raise SystemExit(real.main(sys.argv[1:]))
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True)
+ours = 630.0 if out.name.startswith("new") else 600.0
+runs = [dict(cell="d64 s16384 none", impl=i, tflops=t, sm_mhz=1600.0, watts=700.0, temp_c=70.0)
+        for i, t in (("fa4gen", ours), ("fa4", 600.0))]
+(out / "sustained.json").write_text(json.dumps(dict(rows=real.summarize(runs))))
+""")
+    (root / ".ab" / "ref").mkdir(parents=True)
+    (root / ".ab" / "ref" / "COMMIT").write_text("0" * 40 + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": os.pathsep.join((str(Path(sys.executable).parent), "/usr/bin", "/bin")), "PYTHONPATH": str(repo),
+           "OUT": str(out), "AB_SCRIPT": "sustained_bench.py", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(root / "tools" / "ab_bench.sh"), "run", "2", "--", "--dims", "64"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| d64 s16384 none | fa4gen | 630.0 / 630.0 | 600.0 / 600.0 | 1.050 | 1.050 |" in done.stdout, done.stdout
