@@ -17,7 +17,8 @@ def test_parse_variant():
     assert sb.parse_variant('p:poly_exp={"share":0.25,"degree":3};kv_stages=3') == (
         "p", {"poly_exp": {"share": 0.25, "degree": 3}, "kv_stages": 3})
     for bad in ("ping_pong=false", "1x:ping_pong=false", "a-b:ping_pong=false", "x:", "x:ping_pong",
-                "x:Ping=1", "x:ping_pong=flase", "x:__import__('os')=1"):
+                "x:Ping=1", "x:ping_pong=flase", "x:__import__('os')=1", "Upper:ping_pong=false",
+                "a_name_longer_than_16:ping_pong=false"):
         with pytest.raises(argparse.ArgumentTypeError, match="--variant"):
             sb.parse_variant(bad)
 

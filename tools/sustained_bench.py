@@ -43,9 +43,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def parse_variant(text: str) -> tuple[str, dict]:
     """`NAME:FIELD=JSON[;FIELD=JSON...]` -> (NAME, {FIELD: value}); NAME an identifier, each value JSON."""
     name, sep, rest = text.partition(":")
-    if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or not rest:
+    if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]{0,15}", name) or not rest:
         raise argparse.ArgumentTypeError(
-            f"--variant: expected NAME:FIELD=JSON[;FIELD=JSON] with NAME an identifier, got {text!r}")
+            f"--variant: expected NAME:FIELD=JSON[;FIELD=JSON] with NAME a lowercase identifier of at most 16 "
+            f"characters (it joins the spec's name), got {text!r}")
     fields = {}
     for part in rest.split(";"):
         field, eq, value = part.partition("=")
