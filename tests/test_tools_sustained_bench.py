@@ -19,7 +19,7 @@ def test_parse_variant():
     for bad in ("ping_pong=false", "1x:ping_pong=false", "a-b:ping_pong=false", "x:", "x:ping_pong",
                 "x:Ping=1", "x:ping_pong=flase", "x:__import__('os')=1", "Upper:ping_pong=false",
                 "a_name_longer_than_16:ping_pong=false"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--variant"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected|not JSON"):
             sb.parse_variant(bad)
 
 
@@ -71,6 +71,9 @@ def test_refusals_before_gpu_work(capsys):
     with pytest.raises(SystemExit):
         sb.main(["--skip", "sdpa"])
     assert "--skip" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse names the option
+        sb.main(["--bwd", "--bwd-variant", "Bad:x=1"])
+    assert "argument --bwd-variant: expected NAME:FIELD=JSON" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sb.main(["--rounds", "0"])
     with pytest.raises(SystemExit, match="tile_n"):  # the spec model names the field before anything runs

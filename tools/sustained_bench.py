@@ -45,17 +45,17 @@ def parse_variant(text: str) -> tuple[str, dict]:
     name, sep, rest = text.partition(":")
     if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]{0,15}", name) or not rest:
         raise argparse.ArgumentTypeError(
-            f"--variant: expected NAME:FIELD=JSON[;FIELD=JSON] with NAME a lowercase identifier of at most 16 "
+            f"expected NAME:FIELD=JSON[;FIELD=JSON] with NAME a lowercase identifier of at most 16 "
             f"characters (it joins the spec's name), got {text!r}")
     fields = {}
     for part in rest.split(";"):
         field, eq, value = part.partition("=")
         if not eq or not re.fullmatch(r"[a-z_][a-z0-9_]*", field):
-            raise argparse.ArgumentTypeError(f"--variant {name}: expected FIELD=JSON, got {part!r}")
+            raise argparse.ArgumentTypeError(f"{name}: expected FIELD=JSON, got {part!r}")
         try:
             fields[field] = json.loads(value)
         except json.JSONDecodeError as err:
-            raise argparse.ArgumentTypeError(f"--variant {name}: {field}'s value is not JSON ({err.msg}): {value!r}") from None
+            raise argparse.ArgumentTypeError(f"{name}: {field}'s value is not JSON ({err.msg}): {value!r}") from None
     return name, fields
 
 
