@@ -272,3 +272,67 @@ def test_output_and_grad_checks_refuse_a_wrong_kernel(monkeypatch):
     with pytest.raises(SystemExit, match="fa4gen_bwd:v's dQ differs"):
         sb.check_grads("cell", {"fa4gen_bwd": step("fa4gen_bwd", 1.0), "fa4_bwd": step("fa4_bwd", 1.0),
                                 "fa4gen_bwd:v": step("fa4gen_bwd:v", 3.0)}, leaves_of)
+
+
+def test_ablation_ratio_cells():
+    bench = load_tool("bench_fwd")
+    assert bench.ablation_ratio(None, 600.0) == "refused"
+    assert bench.ablation_ratio({"switch": "x", "tflops": None}, 600.0) == "refused"  # the planner's refusal row
+    assert bench.ablation_ratio({"tflops": None, "passes": []}, 600.0) == "wrong output"
+    assert bench.ablation_ratio({"tflops": 630.0, "passes": [630.0]}, 600.0) == "1.050"
+
+
+def test_ablation_flow_on_the_cpu(tmp_path, monkeypatch, fake_cuda):
+    """bench_fwd.ablation with stand-ins for the GPU parts: a refused switch, one whose output is wrong (reported,
+    not timed), the others timed `repeats` times in pass_order's orders with their medians in the table."""
+    import json as _json
+
+    from fa4gen.plan import PlanError
+
+    bench = load_tool("bench_fwd")
+    real_randn = torch.randn
+    # (small CPU tensors: the stand-in kernels ignore the shapes, and s16k x 16 heads x d128 is slow to draw here)
+    monkeypatch.setattr(bench.torch, "randn", lambda *shape, device=None, dtype=None: real_randn(2, 8, 2, 8).to(dtype))
+    monkeypatch.setattr(bench, "ABLATION", {"default": {}, "ping_pong off": {"ping_pong": False},
+                                            "broken": {"rescale_threshold": 1.0}, "refused": {"tile_m": 192}})
+    monkeypatch.setattr(bench, "_fa4", lambda: None)
+    speed = {}
+
+    class Pkg:
+        def __init__(self, pipeline):
+            self.pipeline = pipeline
+
+        def attention(self, q, k, v):
+            if self.pipeline.get("rescale_threshold") == 1.0:
+                return torch.zeros_like(q)
+            speed["last"] = 2.0 if self.pipeline.get("ping_pong") is False else 1.0
+            return q
+
+    def build(spec):
+        if spec["pipeline"].get("tile_m") == 192:
+            raise PlanError(spec["name"], [])
+        return Pkg(spec["pipeline"])
+
+    monkeypatch.setattr(bench.fa4gen, "build", build)
+    order = []
+
+    def do_bench(fn, **kw):
+        fn()
+        order.append(speed["last"])
+        return speed["last"]
+
+    monkeypatch.setattr(bench, "do_bench", do_bench)
+    monkeypatch.setattr(bench, "pass_order", lambda names, rep: list(names)[::-1] if rep % 2 else list(names))
+    bench.ablation(tmp_path, d=128, repeats=2)
+    rows = _json.loads((tmp_path / "ablation_d128.json").read_text())
+    by = {(r["switch"], r["causal"], r["seqlen"]): r for r in rows}
+    assert len(by[("default", False, 4096)]["passes"]) == 2
+    assert len(order) == 2 * 2 * 2 * 2  # masks x seqlens x repeats x the two timed switches
+    assert by[("ping_pong off", True, 16384)]["tflops"] == round(by[("default", True, 16384)]["tflops"] / 2, 1)
+    assert by[("broken", False, 4096)]["tflops"] is None and by[("broken", False, 4096)]["passes"] == []
+    assert by[("refused", False, 4096)]["tflops"] is None and "passes" not in by[("refused", False, 4096)]
+    md = (tmp_path / "ablation_d128.md").read_text()
+    assert md.startswith("2 timing pass(es) per cell")
+    assert "| ping_pong off | n |" in md and "| 0.500 | 0.500 |" in md
+    assert "| broken | n | None | None | wrong output | wrong output |" in md
+    assert "| refused | y | None | None | refused | refused |" in md

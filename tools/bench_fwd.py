@@ -341,7 +341,9 @@ def main():
     ap.add_argument("--out", default="bench_out")
     ap.add_argument("--dims", default="64,128,256", help="comma list of head dims, D or DxDV (e.g. 192x128)")
     ap.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
-    ap.add_argument("--ablation", action="store_true", help="s4k/s16k: each pipeline switch off in turn (d: --ablation-dim)")
+    ap.add_argument("--ablation", action="store_true",
+                    help="s4k/s16k: each pipeline switch off in turn (d: --ablation-dim; --repeats, --settle and "
+                         "--clock-log apply; each switch's output is compared with the default's before it is timed)")
     ap.add_argument("--ablation-dim", type=int, default=128, help="head dim of the --ablation run")
     ap.add_argument("--bwd", action="store_true", help="add backward columns (bwd TFLOP/s = 2.5 x fwd FLOPs / time)")
     ap.add_argument("--deterministic", action="store_true", help="with --bwd: also fa4gen's deterministic backward")
@@ -476,7 +478,7 @@ def main():
     if do_bench is None:
         raise SystemExit("bench_fwd.py times on the GPU machine (triton's do_bench is not importable here)")
     if args.ablation:
-        return ablation(Path(args.out), args.ablation_dim)
+        return ablation(Path(args.out), args.ablation_dim, args.repeats, args.clock_log)
     if args.processes > 1:
         return run_processes(args, Path(args.out))
     out_dir = Path(args.out)
@@ -787,45 +789,103 @@ ABLATION = {
 }
 
 
-def ablation(out_dir: Path, d: int = 128):
+def ablation_ratio(row: dict | None, default: float | None) -> str:
+    """An ablation row's cell in the markdown: its TFLOP/s over the default's, or why it has none (the planner
+    refused the switch: no timing passes; its output differed from the default's: no passes timed)."""
+    if row is None or "passes" not in row:
+        return "refused"
+    if row["tflops"] is None:
+        return "wrong output"
+    return f"{row['tflops'] / default:.3f}" if default else "—"
+
+
+def ablation(out_dir: Path, d: int = 128, repeats: int = 1, clock_log: bool = False):
     """Each pipeline switch flipped from the default, head dim d, causal and not, s4k and s16k, with
     flash-attn-4 on the same shapes as a reference row; switches the planner refuses for this d (e.g.
-    tile_m 192 over the register budget) are listed as refused."""
+    tile_m 192 over the register budget) are listed as refused. Per mask and seqlen every switch is timed
+    `repeats` times in pass_order's orders (median; --settle applies), after its output is compared with the
+    default's (a switch that computes something else is reported, not timed); with `clock_log`, each row's mean SM
+    clock and power over its timings (tools/clock_log.py)."""
     from fa4gen.plan import PlanError
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    clock = None
+    if clock_log:
+        from clock_log import ClockLog
+
+        clock = ClockLog(out_dir / "clock_log.csv")
+        clock = clock if clock.start() else None
     fa4 = _fa4()
     labels = list(ABLATION) + (["flash-attn-4"] if fa4 is not None else [])
     rows = []
     for causal in (False, True):
-        for label in labels:
+        runs = {}
+        for i, label in enumerate(labels):
             if label == "flash-attn-4":
-                run = lambda q, k, v: fa4(q, k, v, causal=causal)  # noqa: E731
-            else:
-                try:
-                    pkg = fa4gen.build(dict(name=f"abl_d{d}_{len(rows)}", targets=["sm90"], dtype="bf16", head_dim=d,
-                                            mask={"kind": "causal" if causal else "none"}, pipeline=ABLATION[label]))
-                except PlanError as err:
-                    print(f"{label}: refused by the planner for d{d}: {err}".splitlines()[0])
-                    rows += [{"switch": label, "causal": causal, "seqlen": s, "tflops": None} for s in (4096, 16384)]
+                runs[label] = lambda q, k, v: fa4(q, k, v, causal=causal)  # noqa: E731
+                continue
+            try:
+                pkg = fa4gen.build(dict(name=f"abl_d{d}_{'c' if causal else 'n'}{i}", targets=["sm90"], dtype="bf16",
+                                        head_dim=d, mask={"kind": "causal" if causal else "none"},
+                                        pipeline=ABLATION[label]))
+            except PlanError as err:
+                print(f"{label}: refused by the planner for d{d}: {err}".splitlines()[0])
+                rows += [{"switch": label, "causal": causal, "seqlen": s, "tflops": None} for s in (4096, 16384)]
+                continue
+            runs[label] = lambda q, k, v, pkg=pkg: pkg.attention(q, k, v)
+        for s in (4096, 16384):
+            b, h = 16384 // s, 2048 // d
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = 4 * b * h * s * s * d / (2 if causal else 1)
+            impls = {label: (lambda run=run: run(q, k, v)) for label, run in runs.items()}
+            ref = impls["default"]()
+            diffs = {}
+            for label, fn in list(impls.items()):
+                if label in ("default", "flash-attn-4"):
                     continue
-                run = lambda q, k, v: pkg.attention(q, k, v)  # noqa: E731
-            for s in (4096, 16384):
-                b, h = 16384 // s, 2048 // d
-                q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                flops = 4 * b * h * s * s * d / (2 if causal else 1)
-                ms = do_bench(lambda: run(q, k, v), warmup=25, rep=100, return_mode="median")
-                rows.append({"switch": label, "causal": causal, "seqlen": s, "tflops": round(flops / ms / 1e9, 1)})
-                print(json.dumps(rows[-1]), flush=True)
+                diffs[label] = (fn().float() - ref.float()).abs().max().item()
+                # bf16 outputs of two orderings of the same arithmetic differ by a few ulps (the grid reads
+                # 0.0005-0.001 against cuDNN); 2^-6 of the largest |o| (at least 1) separates that from a wrong result
+                if not diffs[label] <= 2.0**-6 * max(1.0, ref.float().abs().max().item()):
+                    print(f"{label}: output differs from the default's by {diffs[label]:.3g} at s{s}; not timed")
+                    impls.pop(label)
+            times, spans = {label: [] for label in impls}, {label: [] for label in impls}
+            for rep in range(repeats):
+                for label in pass_order(impls, rep):
+                    settle(impls[label])
+                    t0 = time.time()
+                    times[label].append(do_bench(impls[label], warmup=25, rep=100, return_mode="median"))
+                    spans[label].append((t0, time.time()))
+            for label in runs:
+                row = {"switch": label, "causal": causal, "seqlen": s,
+                       "tflops": round(flops / statistics.median(times[label]) / 1e9, 1) if times.get(label) else None,
+                       "passes": [round(flops / ms / 1e9, 1) for ms in times.get(label, [])],
+                       "max_abs_diff_vs_default": diffs.get(label), "_spans": spans.get(label, [])}
+                rows.append(row)
+                print(json.dumps({key: val for key, val in row.items() if key != "_spans"}), flush=True)
+    if clock is not None:
+        clock.stop()
+    for r in rows:
+        spans_of = r.pop("_spans", [])
+        if clock is not None and spans_of:
+            r["clock"] = clock.window(spans_of)
     (out_dir / f"ablation_d{d}.json").write_text(json.dumps(rows, indent=1))
     base = {(r["causal"], r["seqlen"]): r["tflops"] for r in rows if r["switch"] == "default"}
-    lines = [f"| switch (d{d}) | causal | s4k TFLOP/s | s16k TFLOP/s | vs default s4k | vs default s16k |",
-             "|---|---|---|---|---|---|"]
+    lines = [f"{repeats} timing pass(es) per cell" + (f", each after {SETTLE_S} s of the same switch (--settle)"
+                                                      if SETTLE_S else ""), "",
+             f"| switch (d{d}) | causal | s4k TFLOP/s | s16k TFLOP/s | vs default s4k | vs default s16k |"
+             + (" SM MHz s4k / s16k |" if clock is not None else ""),
+             "|---|---|---|---|---|---|" + ("---|" if clock is not None else "")]
     for causal in (False, True):
         for label in labels:
-            t = {r["seqlen"]: r["tflops"] for r in rows if r["switch"] == label and r["causal"] == causal}
-            ratio = {s: f"{t[s] / base[(causal, s)]:.3f}" if t[s] else "refused" for s in (4096, 16384)}
-            lines.append(f"| {label} | {'y' if causal else 'n'} | {t[4096]} | {t[16384]} | {ratio[4096]} | {ratio[16384]} |")
+            got = {r["seqlen"]: r for r in rows if r["switch"] == label and r["causal"] == causal}
+            t = {s: got[s]["tflops"] if s in got else None for s in (4096, 16384)}
+            ratio = {s: ablation_ratio(got.get(s), base[(causal, s)]) for s in (4096, 16384)}
+            line = f"| {label} | {'y' if causal else 'n'} | {t[4096]} | {t[16384]} | {ratio[4096]} | {ratio[16384]} |"
+            if clock is not None:
+                mhz = [(got.get(s, {}).get("clock") or {}).get("sm_mhz") for s in (4096, 16384)]
+                line += f" {mhz[0]} / {mhz[1]} |"
+            lines.append(line)
     (out_dir / f"ablation_d{d}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
