@@ -117,6 +117,19 @@ def _pipeline_field(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(f"{field}: the value is not JSON ({err.msg}): {value!r}") from None
 
 
+# An implementation's output (or gradient) against a reference's before it is timed (--ablation, and
+# tools/sustained_bench.py's variants, pinned kernels and backwards): bf16 results of two orderings of the same
+# arithmetic differ by a few ulps (the grid reads 0.0005-0.001 against cuDNN); 2^-6 of the reference's largest
+# magnitude (at least 1) leaves room for those and catches a wrong result.
+OUTPUT_TOLERANCE = 2.0**-6
+
+
+def outputs_agree(got, ref) -> tuple[bool, float]:
+    """(max |got - ref| <= OUTPUT_TOLERANCE x max(1, max |ref|), max |got - ref|)."""
+    diff = (got.float() - ref.float()).abs().max().item()
+    return diff <= OUTPUT_TOLERANCE * max(1.0, ref.float().abs().max().item()), diff
+
+
 def _row_mask(causal: bool, window: int | None = None, chunk: int | None = None) -> dict:
     """A grid row's mask: none, or causal, whose rows become a sliding window of `window` keys left of the diagonal
     (none right) or a chunked mask of `chunk` keys."""
@@ -843,10 +856,8 @@ def ablation(out_dir: Path, d: int = 128, repeats: int = 1, clock_log: bool = Fa
             for label, fn in list(impls.items()):
                 if label in ("default", "flash-attn-4"):
                     continue
-                diffs[label] = (fn().float() - ref.float()).abs().max().item()
-                # bf16 outputs of two orderings of the same arithmetic differ by a few ulps (the grid reads
-                # 0.0005-0.001 against cuDNN); 2^-6 of the largest |o| (at least 1) separates that from a wrong result
-                if not diffs[label] <= 2.0**-6 * max(1.0, ref.float().abs().max().item()):
+                ok, diffs[label] = outputs_agree(fn(), ref)
+                if not ok:
                     print(f"{label}: output differs from the default's by {diffs[label]:.3g} at s{s}; not timed")
                     impls.pop(label)
             times, spans = {label: [] for label in impls}, {label: [] for label in impls}

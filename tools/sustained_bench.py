@@ -47,15 +47,17 @@ def parse_variant(text: str) -> tuple[str, dict]:
         raise argparse.ArgumentTypeError(
             f"expected NAME:FIELD=JSON[;FIELD=JSON] with NAME a lowercase identifier of at most 16 "
             f"characters (it joins the spec's name), got {text!r}")
+    from bench_fwd import _pipeline_field  # (bench_fwd.py --pipeline's FIELD=JSON)
+
     fields = {}
     for part in rest.split(";"):
-        field, eq, value = part.partition("=")
-        if not eq or not re.fullmatch(r"[a-z_][a-z0-9_]*", field):
-            raise argparse.ArgumentTypeError(f"{name}: expected FIELD=JSON, got {part!r}")
+        if not re.match(r"[a-z_][a-z0-9_]*=", part):  # (pipeline fields are lowercase)
+            raise argparse.ArgumentTypeError(f"{name}: expected FIELD=JSON with a lowercase FIELD, got {part!r}")
         try:
-            fields[field] = json.loads(value)
-        except json.JSONDecodeError as err:
-            raise argparse.ArgumentTypeError(f"{name}: {field}'s value is not JSON ({err.msg}): {value!r}") from None
+            field, value = _pipeline_field(part)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{name}: {err}") from None
+        fields[field] = value
     return name, fields
 
 
@@ -174,22 +176,11 @@ def ab_table(ab_dir: Path) -> list[str]:
     return lines
 
 
-# fa4gen's outputs against a peer's before anything is timed (a variant or a pinned kernel that computes something
-# else must not be timed as attention): bf16 outputs, |o| <= max |v| ~ 4 for normal inputs, whose roundings differ
-# by a few ulps between kernels (bench_fwd.py's grid reads 0.0005-0.001 against cuDNN); 2^-6 of the reference's
-# largest magnitude (at least 1) leaves room for those and catches a wrong result
-TOLERANCE = 2.0**-6
-
-
-def _close(got, ref) -> tuple[bool, float]:
-    diff = (got.float() - ref.float()).abs().max().item()
-    return diff <= TOLERANCE * max(1.0, ref.float().abs().max().item()), diff
-
-
 def check_outputs(cell: str, impls: dict) -> None:
     """Every fa4gen forward of `impls` against flash-attn-4's output (cuDNN's without it: BHSD, so transposed; else
-    the default fa4gen's); SystemExit naming the implementation when one is off."""
+    the default fa4gen's), by bench_fwd.outputs_agree; SystemExit naming the implementation when one is off."""
     import torch
+    from bench_fwd import OUTPUT_TOLERANCE, outputs_agree
 
     ref_name = next((n for n in ("fa4", "cudnn", "fa4gen") if n in impls), None)
     if ref_name is None:
@@ -200,10 +191,10 @@ def check_outputs(cell: str, impls: dict) -> None:
         ref = ref.transpose(1, 2)
     for name, fn in impls.items():
         if name.startswith("fa4gen") and name != ref_name:
-            ok, diff = _close(fn(), ref)
+            ok, diff = outputs_agree(fn(), ref)
             if not ok:
                 raise SystemExit(f"sustained_bench: {name} differs from {ref_name} in {cell} by {diff:.3g} "
-                                 f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
+                                 f"(> {OUTPUT_TOLERANCE:.3g} x max |reference|): not timing it")
     torch.cuda.synchronize()
 
 
@@ -211,6 +202,8 @@ def check_grads(cell: str, steps: dict, leaves_of: dict) -> None:
     """Every fa4gen backward's gradients (fa4gen_bwd and its variants) against flash-attn-4's (else cuDNN's): one step
     of each (`steps`: name -> a backward step that fills its `leaves_of[name]` (q, k, v) gradients), then dQ, dK, dV
     compared as check_outputs compares outputs."""
+    from bench_fwd import OUTPUT_TOLERANCE, outputs_agree
+
     ref_name = next((n for n in ("fa4_bwd", "cudnn_bwd") if n in steps), None)
     if ref_name is None:
         return
@@ -223,10 +216,10 @@ def check_grads(cell: str, steps: dict, leaves_of: dict) -> None:
         if name == ref_name:
             continue
         for label, g, ref in zip(("dQ", "dK", "dV"), got, grads[ref_name]):
-            ok, diff = _close(g, ref)
+            ok, diff = outputs_agree(g, ref)
             if not ok:
                 raise SystemExit(f"sustained_bench: {name}'s {label} differs from {ref_name}'s in {cell} by {diff:.3g} "
-                                 f"(> {TOLERANCE:.3g} x max |reference|): not timing it")
+                                 f"(> {OUTPUT_TOLERANCE:.3g} x max |reference|): not timing it")
 
 
 def sustain(fn, warm_s: float, seconds: float):
