@@ -2,6 +2,7 @@
 key-block loop next to ours between GPU sessions)."""
 
 import re
+import tarfile
 
 import pytest
 from conftest import ROOT, load_tool
@@ -38,6 +39,17 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     assert tool.main(["--cubins", str(main_cubin), str(wrapped)]) == 0
     listed = capsys.readouterr().out
     assert listed.count("loop:") >= 2 and listed.count("34 MMA   40 MUFU.EX2") == 2, listed
+    # a tar of them (tools/gpu_cubins.sh's form) lists the same, and --bodies writes each loop's instructions
+    with tarfile.open(tmp_path / "cubins.tar", "w") as tar:
+        tar.add(main_cubin, arcname="./" + main_cubin.name)
+    assert tool.main(["--cubins", str(tmp_path / "cubins.tar"), "--bodies", str(tmp_path / "loops")]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("34 MMA   40 MUFU.EX2") == 1, listed
+    bodies = sorted((tmp_path / "loops").glob("*.loop*.sass"))
+    assert bodies and all(len(b.stem) < 90 for b in bodies)
+    text = max(bodies, key=lambda b: b.stat().st_size).read_text().splitlines()
+    assert sum("HGMMA" in line for line in text) == 34 and all("# stall" in line for line in text if "HGMMA" in line)
+    assert not any(line.lstrip().startswith("/*") for line in text)  # no addresses: two loops diff line by line
 
 
 def test_fa4_sass_cpu_refuses_a_malformed_head_dim(tmp_path, capsys):

@@ -25,10 +25,12 @@ compile ignores CUTE_DSL_KEEP).
 """
 
 import argparse
+import hashlib
 import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -74,11 +76,14 @@ def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: P
     return cubins
 
 
-def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
+def describe(cubin: Path, ops: int, cycles: bool = False, bodies: Path | None = None, data: bytes | None = None,
+             ) -> list[str]:
     """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py), and with `cycles`
     a line per loop of its static issue cycles (tools/sass_loops.py --cycles; with `ops`, also its opcodes of the
-    most cycles)."""
-    from sass_loops import loop_cycles, loop_lines, loop_rows
+    most cycles). With `bodies`, each loop's instructions (addresses dropped, each line's stall count kept) go to
+    bodies/<cubin stem>.<function index>.loop<loop index>.sass, for a side-by-side diff of two kernels' loops.
+    `data`: the file's bytes when they come from elsewhere (a tar member) than `cubin`, which then only names it."""
+    from sass_loops import _mma_loops, loop_cycles, loop_lines, loop_rows
 
     from fa4gen.compile.elf import extract_cubins
     from fa4gen.compile.sass import disassemble_with_control
@@ -86,8 +91,9 @@ def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
     lines = []
     # the control listing reads as the plain one (each instruction line ends in its stall count); a host object
     # (fa4gen's cache artifacts) is read as the cubins it embeds
-    listing = "".join(disassemble_with_control(c) for c in extract_cubins(cubin.read_bytes()))
-    for fn in listing.split(".section\t.text.")[1:]:
+    raw = cubin.read_bytes() if data is None else data
+    listing = "".join(disassemble_with_control(c) for c in extract_cubins(raw))
+    for f, fn in enumerate(listing.split(".section\t.text.")[1:]):
         if not loop_rows(fn):
             continue
         name = fn.split("\n", 1)[0].split(",")[0]
@@ -96,7 +102,44 @@ def describe(cubin: Path, ops: int, cycles: bool = False) -> list[str]:
         lines += loop_lines(fn, ops=ops)
         if cycles:
             lines += loop_cycles(fn, ops=ops)
+        if bodies is not None:
+            bodies.mkdir(parents=True, exist_ok=True)
+            for k, (body, _) in enumerate(_mma_loops(fn, 1)):
+                out = bodies / f"{_stem(cubin.name)}.{f}.loop{k}.sass"
+                out.write_text("".join(_bare(b) + "\n" for b in body))
+                lines.append(f"    loop {k}: {len(body)} instructions in {out}")
     return lines
+
+
+def _stem(name: str) -> str:
+    """A short file stem for a cubin or artifact name (CuTe-DSL's cubin names run to hundreds of characters)."""
+    stem = re.sub(r"\.(sm_\d+a?\.cubin|cubin|o)$", "", name)
+    return stem if len(stem) <= 60 else stem[:40] + "_" + hashlib.sha1(stem.encode()).hexdigest()[:12]
+
+
+def _bare(line: str) -> str:
+    """A listing line without its address and encoding comment: the instruction and its stall count."""
+    line = re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line)
+    stall = re.search(r"stall (\d+)", line)
+    line = line.split(";", 1)[0].rstrip()
+    return f"{line:<64} # stall {stall.group(1)}" if stall else line
+
+
+def cubin_inputs(paths: list[Path]) -> list[tuple[Path, bytes]]:
+    """(name, bytes) of each --cubins argument: a cubin or host object as it is, a tar (e.g. the GPU machine's
+    tools/gpu_cubins.sh output) as each of its .cubin / .o members, sorted by name."""
+    out = []
+    for path in paths:
+        if tarfile.is_tarfile(path):
+            with tarfile.open(path) as tar:
+                members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith((".cubin", ".o"))),
+                                 key=lambda m: m.name)
+                if not members:
+                    raise SystemExit(f"--cubins: {path} holds no .cubin or .o file")
+                out += [(Path(m.name), tar.extractfile(m).read()) for m in members]
+        else:
+            out.append((path, path.read_bytes()))
+    return out
 
 
 def main(argv=None) -> int:
@@ -112,15 +155,19 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
     ap.add_argument("--cubins", type=Path, nargs="+", metavar="CUBIN", default=None,
                     help="no compile: list the loops of these cubins, or of the cubins embedded in host objects "
-                         "(fa4gen's cache artifacts), e.g. ones a GPU machine built with its own toolchain")
+                         "(fa4gen's cache artifacts), e.g. ones a GPU machine built with its own toolchain; a tar "
+                         "(tools/gpu_cubins.sh's) is read as its .cubin / .o members")
+    ap.add_argument("--bodies", type=Path, default=None, metavar="DIR",
+                    help="also write each MMA loop's instructions (with their stall counts) to DIR, one file per "
+                         "loop, to diff two kernels' loops")
     args = ap.parse_args(argv)
     if args.cubins:
         missing = [str(c) for c in args.cubins if not c.is_file()]
         if missing:
             ap.error(f"--cubins: no such file: {', '.join(missing)}")
-        for cubin in args.cubins:
+        for cubin, data in cubin_inputs(args.cubins):
             print(f"== {cubin.name}")
-            for line in describe(cubin, args.ops, args.cycles):
+            for line in describe(cubin, args.ops, args.cycles, args.bodies, data):
                 print(line)
         return 0
     d, x, dv = args.dim.partition("x")
@@ -130,7 +177,7 @@ def main(argv=None) -> int:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
         for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None):
-            for line in describe(cubin, args.ops, args.cycles):
+            for line in describe(cubin, args.ops, args.cycles, args.bodies):
                 print(line)
     return 0
 
