@@ -19,9 +19,11 @@ then e.g. `PYTHONPATH=. python tools/sass_loops.py '{"name": "x", "targets": ["s
 cubins built elsewhere instead: the GPU machine's DSL libraries are the cu13 build and this machine's the cu12 one,
 and their ptxas allocate differently (session 77: the d64 no-mask one-CTA forward's loop builds its K / V descriptors
 in vector registers here, where session 43's H200 listing had uniform ones), so for the GPU's own SASS bring its
-cubins here: flash-attn-4's with `CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR=$OUT/fa4` around a run that compiles it,
-fa4gen's as the artifacts of its disk cache after a run (`find $FA4GEN_CACHE_DIR -name 'artifact*'`; fa4gen's
-compile ignores CUTE_DSL_KEEP).
+cubins here: `tools/gpu_cubins.sh $OUT/cubins.tar -- python3 tools/bench_fwd.py ...` on the GPU keeps flash-attn-4's
+(CUTE_DSL_KEEP=cubin with its own disk cache off, else a cached kernel writes none) and fa4gen's cache artifacts
+(its compile ignores CUTE_DSL_KEEP) in one flat tar, which `--cubins` reads. `--bodies DIR` writes each loop's
+instructions with their stall counts, one file per loop, to diff two kernels' loops (session 78: flash-attn-4's d64
+forward loop multiplies O between its exponentials, ours behind the rescale vote's branch).
 """
 
 import argparse
