@@ -78,36 +78,33 @@ def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: P
     return cubins
 
 
-def describe(cubin: Path, ops: int, cycles: bool = False, bodies: Path | None = None, data: bytes | None = None,
-             ) -> list[str]:
-    """One line per kernel function with MMA loops, then a line per loop (as tools/sass_loops.py), and with `cycles`
-    a line per loop of its static issue cycles (tools/sass_loops.py --cycles; with `ops`, also its opcodes of the
-    most cycles). With `bodies`, each loop's instructions (addresses dropped, each line's stall count kept) go to
-    bodies/<cubin stem>.<function index>.loop<loop index>.sass, for a side-by-side diff of two kernels' loops.
-    `data`: the file's bytes when they come from elsewhere (a tar member) than `cubin`, which then only names it."""
+def describe(name: str, raw: bytes, ops: int, cycles: bool = False, bodies: Path | None = None) -> list[str]:
+    """One line per kernel function with MMA loops of the cubin (or host object) `raw`, named `name`, then a line per
+    loop (as tools/sass_loops.py), and with `cycles` a line per loop of its static issue cycles (tools/sass_loops.py
+    --cycles; with `ops`, also its opcodes of the most cycles). With `bodies`, each loop's instructions (as
+    `fa4gen.compile.sass.instruction_lines` compares them, each with its stall count) go to
+    bodies/<name's stem>.<function index>.loop<loop index>.sass, for a side-by-side diff of two kernels' loops."""
     from sass_loops import _mma_loops, loop_cycles, loop_lines, loop_rows
 
-    from fa4gen.compile.elf import extract_cubins
-    from fa4gen.compile.sass import disassemble_with_control
+    from fa4gen.compile.sass import control_listing
 
     lines = []
     # the control listing reads as the plain one (each instruction line ends in its stall count); a host object
     # (fa4gen's cache artifacts) is read as the cubins it embeds
-    raw = cubin.read_bytes() if data is None else data
-    listing = "".join(disassemble_with_control(c) for c in extract_cubins(raw))
+    listing = control_listing(raw)
     for f, fn in enumerate(listing.split(".section\t.text.")[1:]):
         if not loop_rows(fn):
             continue
-        name = fn.split("\n", 1)[0].split(",")[0]
+        function = fn.split("\n", 1)[0].split(",")[0]
         spills = len(re.findall(r"\b(?:LDL|STL)\b", fn))
-        lines.append(f"{name[:100]}: {fn.count(chr(10))} lines, {spills} LDL/STL")
+        lines.append(f"{function[:100]}: {fn.count(chr(10))} lines, {spills} LDL/STL")
         lines += loop_lines(fn, ops=ops)
         if cycles:
             lines += loop_cycles(fn, ops=ops)
         if bodies is not None:
             bodies.mkdir(parents=True, exist_ok=True)
             for k, (body, _) in enumerate(_mma_loops(fn, 1)):
-                out = bodies / f"{_stem(cubin.name)}.{f}.loop{k}.sass"
+                out = bodies / f"{_stem(name)}.{f}.loop{k}.sass"
                 out.write_text("".join(_bare(b) + "\n" for b in body))
                 lines.append(f"    loop {k}: {len(body)} instructions in {out}")
     return lines
@@ -120,14 +117,14 @@ def _stem(name: str) -> str:
 
 
 def _bare(line: str) -> str:
-    """A listing line without its address and encoding comment: the instruction and its stall count."""
-    line = re.sub(r"^\s*/\*[0-9a-f]+\*/\s*", "", line)
-    stall = re.search(r"stall (\d+)", line)
-    line = line.split(";", 1)[0].rstrip()
-    return f"{line:<64} # stall {stall.group(1)}" if stall else line
+    """A listing line as `instruction_lines` compares it (no address, encoding or symbol), with its stall count."""
+    from fa4gen.compile.sass import instruction_lines, issue_cycles
+
+    text = " ".join(instruction_lines(line)) or line.strip()
+    return f"{text:<64} # stall {issue_cycles([line])}"
 
 
-def cubin_inputs(paths: list[Path]) -> list[tuple[Path, bytes]]:
+def cubin_inputs(paths: list[Path]) -> list[tuple[str, bytes]]:
     """(name, bytes) of each --cubins argument: a cubin or host object as it is, a tar (e.g. the GPU machine's
     tools/gpu_cubins.sh output) as each of its .cubin / .o members, sorted by name."""
     out = []
@@ -138,9 +135,9 @@ def cubin_inputs(paths: list[Path]) -> list[tuple[Path, bytes]]:
                                  key=lambda m: m.name)
                 if not members:
                     raise SystemExit(f"--cubins: {path} holds no .cubin or .o file")
-                out += [(Path(m.name), tar.extractfile(m).read()) for m in members]
+                out += [(Path(m.name).name, tar.extractfile(m).read()) for m in members]
         else:
-            out.append((path, path.read_bytes()))
+            out.append((path.name, path.read_bytes()))
     return out
 
 
@@ -167,9 +164,9 @@ def main(argv=None) -> int:
         missing = [str(c) for c in args.cubins if not c.is_file()]
         if missing:
             ap.error(f"--cubins: no such file: {', '.join(missing)}")
-        for cubin, data in cubin_inputs(args.cubins):
-            print(f"== {cubin.name}")
-            for line in describe(cubin, args.ops, args.cycles, args.bodies, data):
+        for name, raw in cubin_inputs(args.cubins):
+            print(f"== {name}")
+            for line in describe(name, raw, args.ops, args.cycles, args.bodies):
                 print(line)
         return 0
     d, x, dv = args.dim.partition("x")
@@ -179,7 +176,7 @@ def main(argv=None) -> int:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
         for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None):
-            for line in describe(cubin, args.ops, args.cycles, args.bodies):
+            for line in describe(cubin.name, cubin.read_bytes(), args.ops, args.cycles, args.bodies):
                 print(line)
     return 0
 

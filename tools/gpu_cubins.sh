@@ -20,6 +20,7 @@ shift
 shift
 (( $# )) || { echo "gpu_cubins: no command after --" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_cubins.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/dump" "$work/cache" "$work/flat"
 rc=0
 CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR="$work/dump" FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=0 \
@@ -41,5 +42,4 @@ mkdir -p "$(dirname "$out")"
 tar cf "$out" -C "$work/flat" .
 echo "gpu_cubins: $n file(s) in $out:"
 ls -1 "$work/flat" | sed 's/^/  /'
-rm -rf "$work"
 exit "$rc"
