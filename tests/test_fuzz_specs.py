@@ -59,7 +59,7 @@ auto_or = lambda s: st.just("auto") | s  # noqa: E731
 pipelines = st.fixed_dictionaries({}, optional={
     "ping_pong": auto_or(st.booleans()),
     "poly_exp": st.fixed_dictionaries({}, optional={"share": st.floats(0, 1), "degree": st.integers(1, 5)}),
-    "rescale_threshold": st.floats(0, 30),
+    "rescale_threshold": auto_or(st.floats(0, 30)),
     "two_cta": st.booleans(),
     "tile_m": auto_or(st.sampled_from([64, 128, 192, 256])),
     "tile_n": auto_or(st.integers(1, 16).map(lambda i: 16 * i)),

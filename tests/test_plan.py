@@ -190,7 +190,7 @@ def test_spec_fields_carried_into_plan(spec):
     if p.intra_wg_overlap != "auto":
         assert plan.intra_wg_overlap is p.intra_wg_overlap
     assert plan.softcap == spec.softcap and plan.has_softcap == (spec.softcap > 0)
-    assert plan.rescale_threshold == p.rescale_threshold
+    assert plan.rescale_threshold == (8.0 if p.rescale_threshold == "auto" else p.rescale_threshold)
     assert plan.write_lse == (spec.return_lse or spec.backward)  # the backward needs the LSE
     assert plan.allow_gqa == spec.allow_gqa
 
@@ -641,8 +641,10 @@ def test_forward_scheduler_persistent_where_o_fits_its_own_buffer():
         assert any(f"seqlen_q >= {bound} run fwd_sm90_long" in n for n in plans[0].notes), plans[0].notes
         same = {f.name for f in dataclasses.fields(KernelPlan)} - {
             "module", "scheduler", "persistent_ctas", "budgets", "notes", "min_seqlen_q", "skip_idle_warpgroups",
-            "q_stages"}
+            "q_stages", "rescale_threshold"}
         assert all(getattr(plans[0], f) == getattr(plans[1], f) for f in same)
+        # rescale_threshold auto: 0 in d64's long kernel (the auto-threshold tests), 8 elsewhere
+        assert (plans[0].rescale_threshold, plans[1].rescale_threshold) == ((8.0, 0.0) if hd[0] == 64 else (8.0, 8.0))
         assert any("dispatch" in n for n in plans[1].notes) and plans[1].q_stages == 1
     # d176 and up, (192, 128): O has no room of its own (or past PERSISTENT_MAX_HEAD_DIM)
     for hd in ((176, None), (256, None), (192, 128)):
@@ -1046,3 +1048,34 @@ def test_persistent_backward_gets_a_second_kv_stage_where_it_fits():
             assert next(b.used for b in plan.budgets if b.name == "shared memory per CTA") == plan.smem_bytes
     assert bwd(64, deterministic=True).kv_stages == 1 and bwd(64, varlen=True).kv_stages == 1
     assert bwd(96, softcap=20.0).kv_stages == 2
+
+
+# --- rescale_threshold "auto" (plan.sm90._always_rescale_long) ---------------------------------------
+
+
+def _thresholds(d: dict) -> dict[str, float]:
+    return {p.module: p.rescale_threshold for p in _fwd_plans(spec_from_dict(d))}
+
+
+def test_auto_threshold_is_zero_only_in_the_d64_long_kernel_without_a_mask():
+    none64 = _spec_dict(0, (64, None), "bf16", {"kind": "none"}, {})
+    assert _thresholds(none64) == {"fwd_sm90": 8.0, "fwd_sm90_long": 0.0, "fwd_sm90_rows128": 8.0}
+    long_plan = [p for p in _fwd_plans(spec_from_dict(none64)) if p.module == "fwd_sm90_long"][0]
+    assert any("rescale_threshold auto: 0" in n for n in long_plan.notes)
+
+
+@pytest.mark.parametrize("change", [
+    {"pipeline": {"rescale_threshold": 8.0}},  # set by the user: kept everywhere
+    {"softcap": 30.0},
+    {"mask": {"kind": "causal"}},
+    {"head_dim": 128},
+    {"head_dim": 48},
+])
+def test_auto_threshold_is_eight_elsewhere(change):
+    d = {**_spec_dict(0, (64, None), "bf16", {"kind": "none"}, {}), **change}
+    assert set(_thresholds(d).values()) == {8.0}
+
+
+def test_a_set_threshold_of_zero_stays_zero():
+    d = _spec_dict(0, (64, None), "fp16", {"kind": "none"}, {"rescale_threshold": 0.0})
+    assert set(_thresholds(d).values()) == {0.0}

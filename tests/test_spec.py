@@ -93,7 +93,7 @@ def test_defaults_are_filled_and_model_is_frozen():
     spec = spec_from_dict(BASE)
     assert spec.head_dim_v == 128 and spec.head_dim_v_resolved == 128
     assert spec.mask.kind == "none"
-    assert spec.pipeline.rescale_threshold == 8.0 and spec.pipeline.ping_pong == "auto"
+    assert spec.pipeline.rescale_threshold == "auto" and spec.pipeline.ping_pong == "auto"
     with pytest.raises(Exception):
         spec.head_dim = 64  # type: ignore[misc]
 

@@ -15,6 +15,10 @@ from fa4gen.spec import AttentionSpec
 # A row keeps a stale max until it grows by more than the threshold, so P (rounded to the input
 # dtype before P·V) can reach 2**threshold: fp16 overflows past 2**15, and exp2 in fp32 past 2**127.
 THRESHOLD_LIMIT = {"fp16": 14.0, "bf16": 64.0}
+# pipeline.rescale_threshold "auto": FA4's threshold (8, exp2 domain), which skips most O rescales once a row's
+# max has settled. The sm90 planner sets 0 on the one kernel where always rescaling measured faster
+# (plan.sm90.plan_forward_long).
+RESCALE_THRESHOLD_AUTO = 8.0
 # The largest relative error of the exp2 polynomial that stays invisible in bf16/fp16 results.
 POLY_MAX_REL_ERROR = 2.0**-12
 
@@ -48,9 +52,15 @@ def poly_choice(spec: AttentionSpec, tile_n: int, problems: list) -> tuple[int, 
     return every, poly_columns(every, cols) / cols, fit
 
 
+def rescale_threshold(spec: AttentionSpec) -> float:
+    """The spec's rescale threshold, "auto" read as RESCALE_THRESHOLD_AUTO."""
+    value = spec.pipeline.rescale_threshold
+    return RESCALE_THRESHOLD_AUTO if value == "auto" else float(value)
+
+
 def check_threshold(spec: AttentionSpec, problems: list) -> None:
     limit = THRESHOLD_LIMIT[spec.dtype]
-    if spec.pipeline.rescale_threshold > limit:
+    if rescale_threshold(spec) > limit:
         problems.append(problem(
             "pipeline.rescale_threshold",
             f"with {spec.dtype}, P can reach 2**rescale_threshold, so it must be <= {limit} "
@@ -91,7 +101,7 @@ def semantic_fields(spec: AttentionSpec, every: int, share: float, fit: PolyFit)
         window_right=-1 if kind != "sliding_window" or mask.right is None else mask.right,
         chunk_size=mask.chunk_size if kind == "chunked" else 0,
         softcap=float(spec.softcap),
-        rescale_threshold=float(spec.pipeline.rescale_threshold),
+        rescale_threshold=rescale_threshold(spec),
         poly_every=every,
         poly_share=share,
         poly_degree=fit.degree,

@@ -331,6 +331,20 @@ def _persistent_fits(spec: AttentionSpec, smem: int, tile_m: int, tile_n: int, e
             and smem + tile_m * spec.head_dim_v * elem <= SMEM_BUDGET)
 
 
+# pipeline.rescale_threshold "auto" is 0 (always rescale, no warp vote) in the d64 spec's one-CTA-per-tile kernel for
+# long calls without a mask, RESCALE_THRESHOLD_AUTO (8) everywhere else. Measured at the H100's 700 W cap, where the
+# long cells run (tools/sustained_bench.py, --variant rt0:rescale_threshold=0 against the default, bf16 MHA, docs/PERF.md
+# session 78): this kernel (s12288 / s16384) +1.6% / +1.4% and +1.3% in a second call; the persistent 192-row kernel
+# (s8192) -1.7% and the causal d64 forwards -1.2%, so neither takes it. d128's kernels lose 2-10% without the
+# threshold (session 78's settled ablation). Other head dims without a mask were not measured: they keep 8.
+ALWAYS_RESCALE_LONG_HEAD_DIM = 64
+
+
+def _always_rescale_long(spec: AttentionSpec) -> bool:
+    return (spec.pipeline.rescale_threshold == "auto" and spec.mask.kind == "none" and spec.softcap == 0
+            and spec.head_dim == spec.head_dim_v == ALWAYS_RESCALE_LONG_HEAD_DIM)
+
+
 def _has_long_kernel(spec: AttentionSpec) -> bool:
     return (spec.pipeline.tile_m == "auto" and spec.mask.kind != "none"
             and _three_warpgroups_fit(spec, _tile_n_and_regs(spec)[1]))
@@ -349,8 +363,13 @@ def plan_forward_long(spec: AttentionSpec) -> KernelPlan | None:
                 f"{bound}, the persistent fwd_sm90 below")
         window_keys = _short_mask_keys(spec.mask.kind, PERSISTENT_WINDOW_KEYS, PERSISTENT_CHUNK_KEYS)
         note += _short_mask_dispatch(spec.mask.kind, window_keys)
+        notes = (*plan.notes, note)
+        if _always_rescale_long(spec):
+            plan = replace(plan, rescale_threshold=0.0)
+            notes += ("rescale_threshold auto: 0 in this kernel (always rescale; measured faster here at d64 "
+                      "without a mask), 8 in fwd_sm90",)
         return replace(plan, module="fwd_sm90_long", min_seqlen_q=bound, min_window_keys=window_keys,
-                       notes=(*plan.notes, note))
+                       notes=notes)
     p = spec.pipeline
     plan = plan_forward(spec.model_copy(update={"pipeline": p.model_copy(update={"tile_m": 192})}), allow_persistent=False)
     note = (f"dispatch: the API runs this 192-row kernel for calls with seqlen_q >= {LONG_SEQLEN_Q} (the longest "

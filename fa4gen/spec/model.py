@@ -22,6 +22,7 @@ from pydantic import (
     Strict,
     StrictBool,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     field_validator,
@@ -50,6 +51,7 @@ Dtype = Literal["bf16", "fp16"]
 
 # Strict scalars: YAML `true` must not become 1, and "1.5" must not become 1.5.
 NonNegFloat = Annotated[float, Strict(), AllowInfNan(False), Field(ge=0.0)]
+_NON_NEG_FLOAT = TypeAdapter(NonNegFloat)
 UnitFloat = Annotated[float, Strict(), AllowInfNan(False), Field(ge=0.0, le=1.0)]
 
 NAME_PATTERN = r"^[a-z_][a-z0-9_]{0,63}$"
@@ -205,10 +207,11 @@ class Pipeline(_Model):
         description="Issue S_j = Q·K_jᵀ before O += P_{j-1}·V_{j-1} and do softmax j while it runs.",
     )
     poly_exp: PolyExp = PolyExp()
-    rescale_threshold: NonNegFloat = Field(
-        default=8.0,
+    rescale_threshold: NonNegFloat | Literal["auto"] = Field(
+        default="auto",
         description="Skip the O rescale unless the row max grew by more than this (log2 "
-        "domain); 0 = always rescale.",
+        "domain); 0 = always rescale. auto: 8, except where the planner measured 0 faster "
+        "(the sm90 d64 forward's one-CTA kernel for long calls without a mask).",
     )
     two_cta: StrictBool = Field(default=False, description="2-CTA MMA (sm100 only).")
     tile_m: StrictInt | Literal["auto"] = Field(
@@ -251,6 +254,19 @@ class Pipeline(_Model):
             raise PydanticCustomError(
                 "auto_or_bool", "expected true, false or 'auto' (got {given})",
                 {"given": show_value(value)},
+            ) from None
+
+    @field_validator("rescale_threshold", mode="wrap")
+    @classmethod
+    def _rescale_threshold(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        if isinstance(value, str) and value == "auto":
+            return value
+        try:
+            return _NON_NEG_FLOAT.validate_python(value)
+        except ValidationError as err:
+            raise PydanticCustomError(
+                "auto_or_float", "{reason}, or 'auto' (got {given})",
+                {"reason": err.errors()[0]["msg"], "given": show_value(value)},
             ) from None
 
     @field_validator("tile_m", mode="wrap")
