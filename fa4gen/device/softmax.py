@@ -97,8 +97,10 @@ def online_softmax_step(
         new_max = quad_max(tile_max)  # includes the running max
         scale = Float32(1.0)
         cur_max = new_max
+        old_max = new_max
         if cutlass.const_expr(not is_first):
             old_max = row_max[r]
+        if cutlass.const_expr(not is_first and threshold > 0):
             cur_max = old_max
             # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
             if (new_max - old_max) * scale_log2 > threshold:
@@ -108,6 +110,13 @@ def online_softmax_step(
         max_scaled = cur_max * scale_log2
         if cur_max == -Float32.inf:
             max_scaled = Float32(0.0)
+        if cutlass.const_expr(not is_first and threshold <= 0):
+            # threshold 0 (always rescale): the max always moves (new_max includes the old one), so no compare and
+            # select stands between the row max and the exponentials; the factor comes from the guarded max_scaled
+            # in one FFMA: 1 where the max stayed (up to the rounding of max_scaled, a factor O and the sum share,
+            # so it cancels in the normalization), 0 after a row that saw no key yet (old max -inf; its O and sum
+            # are 0), never NaN
+            scale = cute.math.exp2(old_max * scale_log2 - max_scaled, fastmath=True)
         acc = Float32(0.0)
         if cutlass.const_expr(not is_first):
             acc = row_sum[r] * scale
