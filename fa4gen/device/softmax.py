@@ -97,30 +97,19 @@ def online_softmax_step(
         new_max = quad_max(tile_max)  # includes the running max
         scale = Float32(1.0)
         cur_max = new_max
-        # the exponentials' offset, guarded: 0 for a row that saw no key yet (new_max includes the old max, so
-        # it is -inf only where the old one was too)
-        new_scaled = new_max * scale_log2
-        max_scaled = new_scaled
-        if new_max == -Float32.inf:
-            max_scaled = Float32(0.0)
         old_max = new_max
         if cutlass.const_expr(not is_first):
             old_max = row_max[r]
         if cutlass.const_expr(not is_first and threshold > 0):
-            # the decision from the two scaled maxima, so that the dependency chain from the row max to the
-            # exponentials is multiply, subtract, compare, select (the old max's side is ready before the block's
-            # max); -inf -> finite gives a step of +inf (move), -inf -> -inf NaN (keep)
-            old_scaled = old_max * scale_log2
-            old_guarded = old_scaled
-            if old_max == -Float32.inf:
-                old_guarded = Float32(0.0)
-            step = new_scaled - old_scaled
-            if step > threshold:
-                scale = cute.math.exp2(-step, fastmath=True)
-            else:
-                cur_max = old_max
-                max_scaled = old_guarded
+            cur_max = old_max
+            # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
+            if (new_max - old_max) * scale_log2 > threshold:
+                scale = cute.math.exp2((old_max - new_max) * scale_log2, fastmath=True)
+                cur_max = new_max
         row_max[r] = cur_max
+        max_scaled = cur_max * scale_log2
+        if cur_max == -Float32.inf:
+            max_scaled = Float32(0.0)
         if cutlass.const_expr(not is_first and threshold <= 0):
             # threshold 0 (always rescale): the max always moves (new_max includes the old one), so no compare and
             # select stands between the row max and the exponentials; the factor comes from the guarded max_scaled

@@ -130,19 +130,15 @@ def online_softmax_step(s, rows: RowState, scale_log2, *, threshold, poly_mask, 
     tile_max = s.amax(dim=-1)
     old_max = rows.row_max
     new_max = torch.maximum(old_max, tile_max)
-    new_scaled = new_max * scale_log2
-    max_scaled = new_scaled.masked_fill(new_max == float("-inf"), 0.0)
     if threshold > 0:
-        # the decision from the two scaled maxima (fp32 products, then their difference): -inf -> finite gives a
-        # step of +inf (move), -inf -> -inf NaN (keep)
-        old_scaled = old_max * scale_log2
-        step = new_scaled - old_scaled
-        move = step > threshold
-        factor = torch.where(move, exp2_mufu(-step), torch.ones_like(old_max))
+        # -inf -> finite gives +inf > threshold (move); -inf -> -inf gives NaN (keep).
+        move = (new_max - old_max) * scale_log2 > threshold
+        factor = torch.where(move, exp2_mufu((old_max - new_max) * scale_log2), torch.ones_like(old_max))
         cur_max = torch.where(move, new_max, old_max)
-        max_scaled = torch.where(move, max_scaled, old_scaled.masked_fill(old_max == float("-inf"), 0.0))
+        max_scaled = (cur_max * scale_log2).masked_fill(cur_max == float("-inf"), 0.0)
     else:  # threshold 0: the max always moves; the factor in one FFMA from the guarded max_scaled (never NaN)
         cur_max = new_max
+        max_scaled = (cur_max * scale_log2).masked_fill(cur_max == float("-inf"), 0.0)
         factor = exp2_mufu(_fma(old_max, float(scale_log2), -max_scaled))
     x = _fma(s, float(scale_log2), -max_scaled[..., None])
     p = exp2_mufu(x)
