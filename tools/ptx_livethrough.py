@@ -2,10 +2,11 @@
 
 A value defined before the loop and used after it, never redefined inside, holds a register for the whole loop. Under
 `.reqntid 512` NVVM works to 128 registers per thread (it does not see setmaxnreg's 160 for the consumers), and
-session 79 found our three-warpgroup forwards recomputing their loop-invariant WGMMA descriptor bases and lane
-predicate inside the loop where flash-attn-4's d64 forward (same launch bounds) computes them once: our loop carried
-16 such values (the LSE store's kernel parameters among them, loaded at the kernel's entry), flash-attn-4's 7. With
-`pipeline.intra_wg_overlap: false` (less live in the loop) ours hoists them too.
+session 79 found our three-warpgroup forwards recomputing loop-invariant WGMMA descriptor bases (and, in some, the
+lane predicate) inside the loop where flash-attn-4's d64 forward (same launch bounds) computes them once; with
+`pipeline.intra_wg_overlap: false` (less live in the loop) ours computes them once too. vit_encoder's fp16 one-CTA
+loop carried 16 values through (the LSE store's kernel parameters among them, loaded at the kernel's entry),
+flash-attn-4's 7; fewer alone did not make the bases leave the loop (docs/STATUS.md).
 
 Run: dump the PTX (`CUTE_DSL_KEEP=ptx CUTE_DSL_DUMP_DIR=D PYTHONPATH=. python tools/sass_loops.py SPEC`; for
 flash-attn-4, `CUTE_DSL_KEEP="ptx,cubin"` in tools/fa4_sass_cpu.py's child), then
