@@ -35,10 +35,17 @@ EXTRA = {"x_fp16_d128_causal": dict(dtype="fp16", head_dim=128, mask={"kind": "c
 # (the bad-call fuzz further down covers every committed spec, packed ones with packed calls)
 BATCHED = [n for n in COMMITTED if not json.loads((ROOT / "generated" / n / "spec.lock.json").read_text())["spec"]["varlen"]]
 NAMES = BATCHED + sorted(EXTRA)
+
+
+def _mask_kind(name: str) -> str:
+    if name in EXTRA:
+        return EXTRA[name].get("mask", {}).get("kind", "none")
+    return json.loads((ROOT / "generated" / name / "spec.lock.json").read_text())["spec"]["mask"]["kind"]
+
+
 # specs with a mask (the fully-masked-rows test needs rows that see no key); read from the lock file, since a hand
 # list missed flux_dit (no mask, added 2026-12-06) until session 79 ran the whole suite
-MASKED = [n for n in NAMES if (EXTRA[n].get("mask", {}).get("kind", "none") if n in EXTRA else json.loads(
-    (ROOT / "generated" / n / "spec.lock.json").read_text())["spec"]["mask"]["kind"]) != "none"]
+MASKED = [n for n in NAMES if _mask_kind(n) != "none"]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _loaded: dict[str, tuple] = {}
 

@@ -23,7 +23,7 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     over an 80-row step) and 40 exp2 per thread, as ours; the cubins are kept where --keep says."""
     pytest.importorskip("cutlass")
     tool = load_tool("fa4_sass_cpu")
-    assert tool.main(["--dim", "128", "--keep", str(tmp_path / "keep"), "--ops", "4", "--cycles"]) == 0
+    assert tool.main(["--dim", "128", "--keep", str(tmp_path / "keep"), "--ops", "4", "--cycles", "--ptx"]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
     assert first.startswith("kernel_cutlass_kernel_flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90")
@@ -32,6 +32,8 @@ def test_fa4_sass_cpu_lists_flash_attn_4s_backward_loop(tmp_path, capsys):
     assert re.search(r"loop:\s+\d+ instructions\s+\d+ issue cycles\s+40 MUFU.EX2 over \d+ cycles", out), out
     kept = sorted(p for p in (tmp_path / "keep").iterdir() if p.suffix == ".cubin")
     assert kept
+    # --ptx keeps the PTX beside them (for tools/ptx_livethrough.py)
+    assert any(p.suffix == ".ptx" and "bwd_sm90" in p.name for p in (tmp_path / "keep").iterdir())
     # --cubins lists the kept cubins without compiling, and a host object by the cubin it embeds
     main_cubin = next(p for p in kept if "bwd_sm90" in p.name)
     wrapped = tmp_path / "artifact.o"

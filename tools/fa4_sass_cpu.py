@@ -60,13 +60,14 @@ MAIN = {"fwd": "FlashAttentionForwardSm90", "bwd": "FlashAttentionBackwardSm90"}
 
 
 def compile_fa4(dim: int, causal: bool, direction: str, wheel_dir: Path, keep: Path,
-                dim_v: int | None = None) -> list[Path]:
+                dim_v: int | None = None, ptx: bool = False) -> list[Path]:
     """flash-attn-4's cubins for one call (V's head dim `dim_v`, default `dim`), compiled in a child process into
-    `keep`."""
+    `keep`; with `ptx`, its PTX next to them (to read with tools/ptx_livethrough.py)."""
     with tempfile.TemporaryDirectory(prefix="fa4-sass-") as tmp:
         site = unpack_fa4(wheel_dir, Path(tmp) / "site")
         env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", FLASH_ATTENTION_ARCH="sm_90a", FLASH_ATTENTION_NUM_SMS="132",
-                   FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(keep))
+                   FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="0", CUTE_DSL_KEEP="ptx,cubin" if ptx else "cubin",
+                   CUTE_DSL_DUMP_DIR=str(keep))
         code = CHILD.format(site=str(site), dim=dim, dim_v=dim_v or dim, causal=causal, direction=direction)
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0 or "COMPILED" not in r.stdout:
@@ -152,6 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cycles", action="store_true",
                     help="also each loop's static issue cycles and MUFU.EX2 stream (from the control codes)")
     ap.add_argument("--keep", type=Path, default=None, help="keep flash-attn-4's cubins in this folder")
+    ap.add_argument("--ptx", action="store_true", help="also keep flash-attn-4's PTX (in --keep's folder)")
     ap.add_argument("--cubins", type=Path, nargs="+", metavar="CUBIN", default=None,
                     help="no compile: list the loops of these cubins, or of the cubins embedded in host objects "
                          "(fa4gen's cache artifacts), e.g. ones a GPU machine built with its own toolchain; a tar "
@@ -175,7 +177,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="fa4-cubins-") as tmp:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
-        for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None):
+        for cubin in compile_fa4(int(d), args.causal, args.direction, args.fa4_wheel, keep, int(dv) if dv else None,
+                                 args.ptx):
             for line in describe(cubin.name, cubin.read_bytes(), args.ops, args.cycles, args.bodies):
                 print(line)
     return 0

@@ -9,7 +9,7 @@ loop carried 16 values through (the LSE store's kernel parameters among them, lo
 flash-attn-4's 7; fewer alone did not make the bases leave the loop (docs/STATUS.md).
 
 Run: dump the PTX (`CUTE_DSL_KEEP=ptx CUTE_DSL_DUMP_DIR=D PYTHONPATH=. python tools/sass_loops.py SPEC`; for
-flash-attn-4, `CUTE_DSL_KEEP="ptx,cubin"` in tools/fa4_sass_cpu.py's child), then
+flash-attn-4, `PYTHONPATH=. python tools/fa4_sass_cpu.py --dim 64 --direction fwd --ptx --keep D`), then
 `python tools/ptx_livethrough.py D/<kernel>.ptx [--min-mma 10]`: the loop (the shortest one whose body issues at least
 `--min-mma` wgmma.mma_async, found by its back edge), its live-through registers with the line defining each, and how
 many loop-invariant values the loop reads.
