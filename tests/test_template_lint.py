@@ -3,11 +3,16 @@ chunk size, ...): a template variable that happened to share such a name would s
 mask or the math for the rest of the kernel (session 6: a dQ chunk index named `chunk` overwrote a
 chunked mask's chunk size; the varlen kernel compiled and gave wrong gradients). Renders every
 template family for specs that switch on every scalar parameter and checks each function's body with
-the AST. CPU only, no compile."""
+the AST. Also: no statement is rendered into a comment (a Jinja whitespace slip that compiles a kernel
+without the statement). CPU only, no compile."""
 
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +59,42 @@ def test_scalar_parameters_are_never_rebound(fields):
             checked += bool(params)
             assert not _rebinds(fn, params), f"{path}: {fn.name} rebinds run-time parameters {_rebinds(fn, params)}"
     assert checked >= 2  # kernels and their hosts take scalar parameters
+
+
+# A statement joined onto the end of a comment: a Jinja block tag with a leading `-` ({%- if ...%}) after a template line
+# that ends in a comment strips the newline, so the next statement renders inside that comment and the kernel compiles
+# without it (session 80: a forward whose P conversion sat in a comment compiled, with no P·V input written). A run of
+# spaces then a call or an assignment, inside a comment, is that join; no prose comment of the templates has one.
+JOINED_STATEMENT = re.compile(r"\S {4,}[A-Za-z_][\w.]*\s*(\(|=[^=])")
+
+
+def _joined_statements(text: str) -> list[tuple[int, str]]:
+    return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type == tokenize.COMMENT and JOINED_STATEMENT.search(tok.string)]
+
+
+def test_the_join_check_finds_a_statement_rendered_into_a_comment():
+    joined = ("def f(a):\n    # P before the O rescale (frag.convert)                frag.convert(a, pinned=True)\n"
+              "    return a\n")
+    assert _joined_statements(joined) == [(2, joined.splitlines()[1].strip())]
+    clean = "def f(a):\n    # the rescale (frag.convert, softmax.scale_rows); x = 2 * y in prose\n    return a\n"
+    assert _joined_statements(clean) == []
+
+
+@pytest.mark.parametrize("fields", SPECS, ids=lambda f: f["name"])
+def test_no_statement_is_rendered_into_a_comment(fields):
+    spec = spec_from_dict({"targets": ["sm90"], "dtype": "bf16", "backward": True, **fields})
+    plans, _ = plan_spec(spec)
+    files = render_package(spec, plans, spec_label="lint", unavailable={}).files
+    modules = [path for path in files if path.endswith(".py")]
+    assert modules
+    for path in modules:
+        assert not _joined_statements(files[path]), f"{path}: {_joined_statements(files[path])}"
+
+
+def test_no_statement_sits_in_a_comment_of_the_committed_packages():
+    modules = sorted((Path(__file__).resolve().parent.parent / "generated").glob("*/*.py"))
+    assert len(modules) > 20
+    for path in modules:
+        found = _joined_statements(path.read_text())
+        assert not found, f"{path}: {found}"
