@@ -117,3 +117,30 @@ def test_ncu_compare_stall_ops_sums_one_reason_by_opcode(tmp_path, capsys):
     path.write_text(_block("ours", [("0x10", "      MUFU.EX2 R4, R4", "10", "100", "0", "0", "6", "4", "0")]))
     assert tool.main([str(path), "--stall-ops", "barrier"]) == 0
     assert "barrier stalls 60.0% of samples, by opcode: MUFU 60.00%" in capsys.readouterr().out
+
+
+def test_ncu_compare_puts_each_opcodes_stall_samples_side_by_side(capsys, tmp_path):
+    tool = _tool()
+    text = _block("kernel_cutlass_kernel_ours", [
+        ("0x10", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ", "30", "100", "0", "0", "30", "0", "0"),
+        ("0x20", "      F2FP.BF16.F32.PACK_AB R120, R25, R24", "10", "100", "0", "0", "0", "10", "0"),
+    ]) + "\n" + _block("theirs", [
+        ("0x10", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], RZ", "28", "100", "0", "0", "28", "0", "0"),
+        ("0x20", "      F2FP.BF16.F32.PACK_AB R148, R25, R24", "2", "100", "0", "0", "0", "2", "0"),
+        ("0x30", "      BRA 0x10", "4", "100", "0", "0", "0", "4", "0"),
+    ])
+    table = tool.opcode_deltas(tool.kernels(text), top=10)
+    lines = table.splitlines()
+    # shares of the first kernel's 40 samples; F2FP differs most (+20.0%), then BRA (-10.0%), then HGMMA (+5.0%)
+    assert lines[0] == "k1 = ours" and lines[1] == "k2 = theirs"
+    assert lines[5] == "| (all) | 100.0% | 85.0% | +15.0% |"
+    assert lines[6:] == ["| F2FP | 25.0% | 5.0% | +20.0% |", "| BRA | 0.0% | 10.0% | -10.0% |",
+                         "| HGMMA | 75.0% | 70.0% | +5.0% |"]
+    # the command prints it after the per-kernel reports, and only with two kernels or more
+    path = tmp_path / "two.csv"
+    path.write_text(text)
+    assert tool.main([str(path)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("| HGMMA | 75.0% | 70.0% | +5.0% |")
+    path.write_text(text.split("\n\"Kernel Name\",\"theirs\"")[0])
+    assert tool.main([str(path)]) == 0
+    assert "by opcode, as shares" not in capsys.readouterr().out

@@ -15,6 +15,10 @@ cycles an SM sat idle (session 59's d128 causal s2k backward: flash-attn-4's SMs
 active cycle its loop was ~9% faster though the kernels took 2.8% apart). Both files may be given
 (`ncu.csv --details details.txt`); either may be xz-compressed (`.xz`, as docs/perf keeps them).
 
+With two or more kernels in the CSV, a last table puts each opcode's stall samples side by side, as shares of the
+first kernel's samples (so a row's difference is the share of the first kernel's time it explains), largest
+difference first: session 80's d64 no-mask s16k forward read +2.3% F2FP and +1.4% FMNMX against flash-attn-4 there.
+
 `--stall-ops REASON` adds, per kernel, that stall reason's samples summed by opcode (share of all the kernel's
 samples): e.g. `--stall-ops wait` put 3.7% of our d128 causal backward's samples on MUFU against flash-attn-4's
 0.3% (session 60).
@@ -136,6 +140,35 @@ def report(name: str, rows: list[dict], top: int) -> str:
     return "\n".join(out)
 
 
+def opcode_deltas(found: list[tuple[str, list[dict]]], top: int) -> str:
+    """Markdown: each opcode's stall samples per kernel, as shares of the first kernel's samples, and each later
+    kernel's difference to the first (first minus it: positive where the first kernel stalls more), the `top`
+    largest absolute differences (against the second kernel) first; the first row sums every opcode."""
+    per_kernel = []
+    for _, rows in found:
+        samples = Counter()
+        for r in rows:
+            samples[opcode(r["Source"])] += _num(r, SAMPLES)
+        per_kernel.append(samples)
+    base = sum(per_kernel[0].values()) or 1
+    ops = set().union(*per_kernel)
+    ranked = sorted(ops, key=lambda op: (-abs(per_kernel[0][op] - per_kernel[1][op]), op))[:top]
+    labels = [f"k{i + 1}" for i in range(len(found))]
+    out = [f"{label} = {name.removeprefix('kernel_cutlass_kernel_')[:90]}" for label, (name, _) in zip(labels, found)]
+    out += ["", "| opcode | " + " | ".join(labels) + " | " + " | ".join(f"k1 - {k}" for k in labels[1:]) + " |",
+            "|---" * (2 * len(found)) + "|"]
+
+    def row(label, values):
+        shares = [100 * v / base for v in values]
+        return (f"| {label} | " + " | ".join(f"{v:.1f}%" for v in shares) + " | "
+                + " | ".join(f"{shares[0] - v:+.1f}%" for v in shares[1:]) + " |")
+
+    out.append(row("(all)", [sum(k.values()) for k in per_kernel]))
+    for op in ranked:
+        out.append(row(op, [k[op] for k in per_kernel]))
+    return "\n".join(out)
+
+
 # a details-page kernel header: "  <name> (grid)x(block), Context 1, Stream 7, Device 0, CC 9.0"
 _KERNEL_LINE = re.compile(r"^  (\S+) \([\d, ]+\)x\([\d, ]+\), Context")
 # a metric row: name, unit (absent for counts such as Block Size), value
@@ -203,11 +236,15 @@ def main(argv=None) -> int:
         print(details_table(found))
         print()
     if args.csv is not None:
-        for name, rows in kernels(read_text(args.csv)):
+        found = kernels(read_text(args.csv))
+        for name, rows in found:
             print(report(name, rows, args.top))
             if args.stall_ops:
                 print(stall_ops(rows, args.stall_ops))
             print()
+        if len(found) > 1:
+            print("stall samples by opcode, as shares of the first kernel's samples:")
+            print(opcode_deltas(found, args.top))
     return 0
 
 
