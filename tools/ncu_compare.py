@@ -17,7 +17,7 @@ active cycle its loop was ~9% faster though the kernels took 2.8% apart). Both f
 
 With two or more kernels in the CSV, a last table puts each opcode's stall samples side by side, as shares of the
 first kernel's samples (so a row's difference is the share of the first kernel's time it explains), largest
-difference first: session 80's d64 no-mask s16k forward read +2.3% F2FP and +1.4% FMNMX against flash-attn-4 there.
+difference first: session 80's d64 no-mask s16k forward read +2.3% F2FP and +1.3% FMNMX against flash-attn-4 there.
 
 `--stall-ops REASON` adds, per kernel, that stall reason's samples summed by opcode (share of all the kernel's
 samples): e.g. `--stall-ops wait` put 3.7% of our d128 causal backward's samples on MUFU against flash-attn-4's
