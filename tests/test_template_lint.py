@@ -9,6 +9,7 @@ without the statement). CPU only, no compile."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -45,11 +46,18 @@ def _rebinds(fn: ast.FunctionDef, names: set[str]) -> list[tuple[str, int]]:
                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in names})
 
 
-@pytest.mark.parametrize("fields", SPECS, ids=lambda f: f["name"])
-def test_scalar_parameters_are_never_rebound(fields):
+@functools.lru_cache(maxsize=None)
+def _rendered(name: str) -> dict[str, str]:
+    """The rendered package files of the lint spec `name` (rendered once for both checks)."""
+    fields = next(f for f in SPECS if f["name"] == name)
     spec = spec_from_dict({"targets": ["sm90"], "dtype": "bf16", "backward": True, **fields})
     plans, _ = plan_spec(spec)
-    files = render_package(spec, plans, spec_label="lint", unavailable={}).files
+    return render_package(spec, plans, spec_label="lint", unavailable={}).files
+
+
+@pytest.mark.parametrize("fields", SPECS, ids=lambda f: f["name"])
+def test_scalar_parameters_are_never_rebound(fields):
+    files = _rendered(fields["name"])
     checked = 0
     for path, text in files.items():
         if not path.endswith(".py"):
@@ -83,9 +91,7 @@ def test_the_join_check_finds_a_statement_rendered_into_a_comment():
 
 @pytest.mark.parametrize("fields", SPECS, ids=lambda f: f["name"])
 def test_no_statement_is_rendered_into_a_comment(fields):
-    spec = spec_from_dict({"targets": ["sm90"], "dtype": "bf16", "backward": True, **fields})
-    plans, _ = plan_spec(spec)
-    files = render_package(spec, plans, spec_label="lint", unavailable={}).files
+    files = _rendered(fields["name"])
     modules = [path for path in files if path.endswith(".py")]
     assert modules
     for path in modules:

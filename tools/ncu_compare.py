@@ -62,12 +62,18 @@ def stall_ops(rows: list[dict], reason: str, top: int = 12) -> str:
         known = sorted(k[6:] for k in rows[0] if k.startswith("stall_") and "Not Issued" not in k)
         raise SystemExit(f"--stall-ops: no stall reason {reason!r} in the export (it has: {', '.join(known)})")
     sampled = sum(_num(r, SAMPLES) for r in rows) or 1
-    per_op = Counter()
-    for r in rows:
-        per_op[opcode(r["Source"])] += _num(r, key)
+    per_op = by_opcode(rows, key)
     total = sum(per_op.values())
     return (f"  {reason} stalls {100 * total / sampled:.1f}% of samples, by opcode: "
             + ", ".join(f"{op} {100 * v / sampled:.2f}%" for op, v in per_op.most_common(top) if v))
+
+
+def by_opcode(rows: list[dict], key: str) -> Counter:
+    """Column `key` of the rows summed by opcode."""
+    out = Counter()
+    for r in rows:
+        out[opcode(r["Source"])] += _num(r, key)
+    return out
 
 
 def _num(row: dict, key: str) -> float:
@@ -144,12 +150,7 @@ def opcode_deltas(found: list[tuple[str, list[dict]]], top: int) -> str:
     """Markdown: each opcode's stall samples per kernel, as shares of the first kernel's samples, and each later
     kernel's difference to the first (first minus it: positive where the first kernel stalls more), the `top`
     largest absolute differences (against the second kernel) first; the first row sums every opcode."""
-    per_kernel = []
-    for _, rows in found:
-        samples = Counter()
-        for r in rows:
-            samples[opcode(r["Source"])] += _num(r, SAMPLES)
-        per_kernel.append(samples)
+    per_kernel = [by_opcode(rows, SAMPLES) for _, rows in found]
     base = sum(per_kernel[0].values()) or 1
     ops = set().union(*per_kernel)
     ranked = sorted(ops, key=lambda op: (-abs(per_kernel[0][op] - per_kernel[1][op]), op))[:top]
