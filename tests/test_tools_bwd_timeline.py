@@ -151,6 +151,27 @@ def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, pers
     assert ("T_STAGED, trace.clock64()" in source) == bool(plan.dkv_staging.phases)
 
 
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_the_deterministic_192x128_backward_traces_too(mask, tmp_path, monkeypatch):
+    """`--head-dim 192 --head-dim-v 128 --deterministic` (session 81: det / default read 0.66-0.83 there on an H100):
+    the spec carries V's head dim and the deterministic backward, and its traced launch matches the traced kernel
+    (the dQ warp's two points included: this backward hands dQ to it, in turns)."""
+    spec = tool.spec_dict(192, mask, 128, True)
+    assert (spec["head_dim"], spec["head_dim_v"], spec["deterministic"]) == (192, 128, True)
+    assert spec["name"] == f"timeline_d192x128_{mask}_det"
+    assert "head_dim_v" not in tool.spec_dict(128, mask, 128) and "deterministic" not in tool.spec_dict(128, mask)
+    pkg, plan = tool.traced_package(spec, False, tmp_path)
+    op = pkg._forward
+    assert op.bwd_plans["sm90"]["deterministic"] and plan.scheduler == "grid"
+    launched = capture(op, monkeypatch, "sm90")
+    call(pkg, op.bwd_plans["sm90"], grad=True)
+    (args,) = [a for m, a in launched if m == plan.module]
+    check_signature(tool.with_trace(args, torch.full((24, 14), -1, dtype=torch.int64)),
+                    fake_arguments(op.dir, plan.module), f"{plan.module} traced")
+    source = (op.dir / f"{plan.module}.py").read_text()
+    assert "T_DQ_ISSUED, trace.clock64()" in source and "bwd.pass_turn(sem)" in source
+
+
 def test_render_traces_sm90_backward_kernels_only(tmp_path):
     from fa4gen.builder import plan_spec
     from fa4gen.render import render_package

@@ -33,7 +33,9 @@ never traced. Shapes follow tools/bench_fwd.py's grid (batch x seqlen = 16384 to
 Run on the GPU machine: `python3 tools/bwd_timeline.py --head-dim 128 --mask none --seqlens 512,2048 [--grid |
 --persistent] [--out DIR]` (`--grid`: one CTA per tile even where the plan is persistent, to compare the two;
 `--persistent`: the causal kernel persistent even where the planner keeps it one CTA per tile, d80-d128, whose
-staged epilogue has barriers: plan_backward(masked_persistent=True)).
+staged epilogue has barriers: plan_backward(masked_persistent=True)); `--head-dim-v 128` with `--head-dim 192` for
+(192, 128), `--deterministic` for the spec's deterministic backward (its dQ warp's dq_land then includes the turn's
+hand-on, and `blocks` the turns waited for).
 """
 
 from __future__ import annotations
@@ -74,11 +76,18 @@ EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (the
 PRODUCER_PARTS = ("kv_issue", "kv_late", "p_ahead", "dq_land", "kv_after_dq")
 
 
-def spec_dict(d: int, mask: str) -> dict:
-    """tools/bench_fwd.py's backward spec of a grid row (MHA, bf16, the plan's own pipeline choices)."""
-    return dict(name=f"timeline_d{d}_{mask}", targets=["sm90"], dtype="bf16", head_dim=d,
+def spec_dict(d: int, mask: str, dv: int | None = None, deterministic: bool = False) -> dict:
+    """tools/bench_fwd.py's backward spec of a grid row (MHA, bf16, the plan's own pipeline choices); `dv`: V's own
+    head dim ((192, 128)), `deterministic`: the spec's deterministic backward."""
+    tag = f"d{d}" + (f"x{dv}" if dv and dv != d else "") + f"_{mask}" + ("_det" if deterministic else "")
+    spec = dict(name=f"timeline_{tag}", targets=["sm90"], dtype="bf16", head_dim=d,
                 mask={"kind": "causal"} if mask == "causal" else {"kind": "none"},
                 backward=True, allow_gqa=False)
+    if dv and dv != d:
+        spec["head_dim_v"] = dv
+    if deterministic:
+        spec["deterministic"] = True
+    return spec
 
 
 def traced_package(spec: dict, grid: bool, out_dir: Path, persistent: bool = False):
@@ -204,8 +213,9 @@ def with_trace(args: list, trace) -> list:
     return [*args[:last + 1], trace, *args[last + 1:]]
 
 
-def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[list[list[int]], float]:
-    """The traced backward of one grid cell, `repeats` times (the last one's rows); mean query blocks per row."""
+def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int, dv: int | None = None) -> tuple[list[list[int]], float]:
+    """The traced backward of one grid cell, `repeats` times (the last one's rows); mean query blocks per row
+    (`dv`: V's head dim where it differs from Q / K's)."""
     import torch
 
     from fa4gen.api.runtime import ForwardOp
@@ -223,8 +233,8 @@ def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[lis
         launch(fn, device, with_trace(args, trace) if fn is bwd_fn else args)
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
-               for _ in range(3))
+    q, k, v = (torch.randn(b, s, h, width, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_()
+               for width in (d, d, dv or d))
     ForwardOp._launch = staticmethod(traced_launch)
     try:
         for _ in range(repeats):
@@ -246,6 +256,8 @@ def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int) -> tuple[lis
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim-v", type=int, default=None, help="V's head dim where it differs (e.g. 128 with 192)")
+    ap.add_argument("--deterministic", action="store_true", help="the spec's deterministic backward")
     ap.add_argument("--mask", choices=("none", "causal"), default="none")
     ap.add_argument("--seqlens", default="512,1024,2048")
     ap.add_argument("--grid", action="store_true", help="one CTA per tile even where the plan is persistent")
@@ -260,17 +272,17 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("bwd_timeline: needs a CUDA GPU (the traced kernel runs)")
-    spec = spec_dict(args.head_dim, args.mask)
+    spec = spec_dict(args.head_dim, args.mask, args.head_dim_v, args.deterministic)
     scratch = Path(tempfile.mkdtemp(prefix="fa4gen_timeline_"))
     pkg, plan = traced_package(spec, args.grid, scratch, persistent=args.persistent)
     kind = "one CTA per tile" if plan.scheduler != "persistent" else "persistent"
-    print(f"d{args.head_dim} {args.mask} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
+    print(f"{spec['name'][len('timeline_'):]} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
           f"µs per CTA / tile (median, mean, share of the mean row)")
     print("| seqlen | rows | blocks / row | " + " | ".join(PHASES) + " | per block | SMs busy | span µs | GHz |")
     print("|---" * (len(PHASES) + 7) + "|")
     report = {"spec": spec, "kind": kind, "plan": {"tile_m": plan.tile_m, "tile_n": plan.tile_n}, "cells": {}}
     for s in (int(x) for x in args.seqlens.split(",")):
-        rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats)
+        rows, blocks = run_cell(pkg, plan, args.head_dim, s, args.mask == "causal", args.repeats, args.head_dim_v)
         p = phases(rows, plan.kv_stages, bool(plan.dkv_staging.phases), plan.scheduler == "persistent")
         summ = summary(p, blocks)
         rounds = by_round(rows, [int(x) for x in args.rounds.split(",") if x], p["cycles_per_ns"]) \
@@ -291,7 +303,7 @@ def main(argv=None) -> int:
                 f"{k}: {v['kv_wait_us']:.2f} / {v['kv_issue_us']:.2f} / {v['epilogue_us']:.2f}" for k, v in rounds.items()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        tag = f"d{args.head_dim}_{args.mask}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
+        tag = f"{spec['name'][len('timeline_'):]}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
         (Path(args.out) / f"timeline_{tag}.json").write_text(json.dumps(report))
     return 0
 
