@@ -34,8 +34,8 @@ Run on the GPU machine: `python3 tools/bwd_timeline.py --head-dim 128 --mask non
 --persistent] [--out DIR]` (`--grid`: one CTA per tile even where the plan is persistent, to compare the two;
 `--persistent`: the causal kernel persistent even where the planner keeps it one CTA per tile, d80-d128, whose
 staged epilogue has barriers: plan_backward(masked_persistent=True)); `--head-dim-v 128` with `--head-dim 192` for
-(192, 128), `--deterministic` for the spec's deterministic backward (its dQ warp's dq_land then includes the turn's
-hand-on, and `blocks` the turns waited for).
+(192, 128), `--deterministic` for the spec's deterministic backward (its dQ warp lets each block's adds land before
+it passes the turn, so dq_land reads about 0 there, and the turns waited for fall in `blocks`).
 """
 
 from __future__ import annotations
