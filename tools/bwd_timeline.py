@@ -213,7 +213,8 @@ def with_trace(args: list, trace) -> list:
     return [*args[:last + 1], trace, *args[last + 1:]]
 
 
-def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int, dv: int | None = None) -> tuple[list[list[int]], float]:
+def run_cell(pkg, plan, d: int, s: int, causal: bool, repeats: int,
+             dv: int | None = None) -> tuple[list[list[int]], float]:
     """The traced backward of one grid cell, `repeats` times (the last one's rows); mean query blocks per row
     (`dv`: V's head dim where it differs from Q / K's)."""
     import torch
@@ -273,10 +274,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bwd_timeline: needs a CUDA GPU (the traced kernel runs)")
     spec = spec_dict(args.head_dim, args.mask, args.head_dim_v, args.deterministic)
+    label = spec["name"].removeprefix("timeline_")  # e.g. d192x128_causal_det
     scratch = Path(tempfile.mkdtemp(prefix="fa4gen_timeline_"))
     pkg, plan = traced_package(spec, args.grid, scratch, persistent=args.persistent)
     kind = "one CTA per tile" if plan.scheduler != "persistent" else "persistent"
-    print(f"{spec['name'][len('timeline_'):]} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
+    print(f"{label} backward ({plan.module}, {kind}, {plan.tile_m} x {plan.tile_n} tiles); "
           f"µs per CTA / tile (median, mean, share of the mean row)")
     print("| seqlen | rows | blocks / row | " + " | ".join(PHASES) + " | per block | SMs busy | span µs | GHz |")
     print("|---" * (len(PHASES) + 7) + "|")
@@ -303,7 +305,7 @@ def main(argv=None) -> int:
                 f"{k}: {v['kv_wait_us']:.2f} / {v['kv_issue_us']:.2f} / {v['epilogue_us']:.2f}" for k, v in rounds.items()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        tag = f"{spec['name'][len('timeline_'):]}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
+        tag = f"{label}{'_grid' if args.grid else '_persistent' if args.persistent else ''}"
         (Path(args.out) / f"timeline_{tag}.json").write_text(json.dumps(report))
     return 0
 
