@@ -36,20 +36,35 @@ while True:
 """
 
 
+def _sampled_past_the_switch(log, count: int = 8, limit_s: float = 20.0) -> list[float]:
+    """Poll `log.samples()` while the fake sampler runs until it holds `count` samples of its second clock (1500
+    MHz, from 0.3 s after its own start) or `limit_s` passes; their times. Waiting on the samples, not on a fixed
+    sleep, keeps the tests right on a loaded machine, where the sampler starts late."""
+    deadline = time.time() + limit_s
+    while True:
+        second = [s[0] for s in log.samples() if s[1] == 1500.0]
+        if len(second) >= count or time.time() > deadline:
+            assert len(second) >= count, f"{len(second)} samples at the second clock after {limit_s} s"
+            return second
+        time.sleep(0.02)
+
+
 def test_windows_average_the_samples_inside_them(tmp_path):
     log = clock_log.ClockLog(tmp_path / "clock.csv", period_ms=20, command=[sys.executable, "-c", FAKE])
     t_start = time.time()
     assert log.start()
-    while time.time() - t_start < 0.75:
-        time.sleep(0.02)
+    _sampled_past_the_switch(log)
     log.stop()
     samples = log.samples()
     assert len(samples) > 15 and all(s[1] in (1000.0, 1500.0) for s in samples)
     first = [s for s in samples if s[1] == 1000.0]
+    # the windows are placed by the samples' own times: the fake sampler's 0.3 s count from its own start, which
+    # a loaded machine delays (a window placed from t_start read 1,200 MHz in session 81's CI)
+    second = [s[0] for s in samples if s[1] == 1500.0]
     early = log.window([(first[0][0], first[-1][0])])
-    late = log.window([(t_start + 0.5, t_start + 0.7)])
+    late = log.window([(second[1], second[-1])])
     assert early["sm_mhz"] == 1000.0 and late["sm_mhz"] == 1500.0 and late["watts"] == 300.0 and late["temp_c"] == 40.0
-    both = log.window([(first[0][0], first[-1][0]), (t_start + 0.5, t_start + 0.7)])
+    both = log.window([(first[0][0], first[-1][0]), (second[1], second[-1])])
     assert 1000.0 < both["sm_mhz"] < 1500.0 and both["samples"] == early["samples"] + late["samples"]
     # a window shorter than the period gets its nearest sample; one far from every sample gets none
     mid = first[len(first) // 2][0]
@@ -119,11 +134,14 @@ def test_merged_runs_get_a_clock_table_per_process():
 def test_windows_read_while_sampling_see_new_samples(tmp_path):
     # session 77: a window read while the sampler ran cached the file, and every later window found no samples
     log = clock_log.ClockLog(tmp_path / "clock.csv", period_ms=20, command=[sys.executable, "-c", FAKE])
-    t_start = time.time()
     assert log.start()
-    time.sleep(0.15)
-    first = log.samples()
-    time.sleep(0.4)
-    assert len(log.samples()) > len(first)
+    deadline = time.time() + 20
+    first = []
+    while not first and time.time() < deadline:
+        time.sleep(0.02)
+        first = log.samples()
+    assert first, "no sample within 20 s"
+    # read again and again while sampling: with the file cached by the first read, no later sample would show
+    second = _sampled_past_the_switch(log)
     log.stop()
-    assert log.window([(t_start + 0.4, t_start + 0.5)])["sm_mhz"] == 1500.0
+    assert log.window([(second[0], second[4])])["sm_mhz"] == 1500.0
