@@ -36,17 +36,25 @@ while True:
 """
 
 
-def _sampled_past_the_switch(log, count: int = 8, limit_s: float = 20.0) -> list[float]:
-    """Poll `log.samples()` while the fake sampler runs until it holds `count` samples of its second clock (1500
-    MHz, from 0.3 s after its own start) or `limit_s` passes; their times. Waiting on the samples, not on a fixed
-    sleep, keeps the tests right on a loaded machine, where the sampler starts late."""
+def _wait_for(log, enough, what: str, limit_s: float = 20.0) -> list:
+    """Poll `log.samples()` while the fake sampler runs until `enough(samples)` holds (asserted after `limit_s`);
+    the samples. Waiting on the samples, not on a fixed sleep, keeps the tests right on a loaded machine, where the
+    sampler starts late."""
     deadline = time.time() + limit_s
     while True:
-        second = [s[0] for s in log.samples() if s[1] == 1500.0]
-        if len(second) >= count or time.time() > deadline:
-            assert len(second) >= count, f"{len(second)} samples at the second clock after {limit_s} s"
-            return second
+        samples = log.samples()
+        if enough(samples) or time.time() > deadline:
+            assert enough(samples), f"no {what} within {limit_s} s"
+            return samples
         time.sleep(0.02)
+
+
+def _sampled_past_the_switch(log, count: int = 8) -> list[float]:
+    """The times of `count` or more samples of the fake sampler's second clock (1500 MHz, from 0.3 s after its own
+    start), once it has written them."""
+    def second(samples):
+        return [s[0] for s in samples if s[1] == 1500.0]
+    return second(_wait_for(log, lambda samples: len(second(samples)) >= count, f"{count} samples at 1500 MHz"))
 
 
 def test_windows_average_the_samples_inside_them(tmp_path):
@@ -135,12 +143,7 @@ def test_windows_read_while_sampling_see_new_samples(tmp_path):
     # session 77: a window read while the sampler ran cached the file, and every later window found no samples
     log = clock_log.ClockLog(tmp_path / "clock.csv", period_ms=20, command=[sys.executable, "-c", FAKE])
     assert log.start()
-    deadline = time.time() + 20
-    first = []
-    while not first and time.time() < deadline:
-        time.sleep(0.02)
-        first = log.samples()
-    assert first, "no sample within 20 s"
+    _wait_for(log, bool, "sample")
     # read again and again while sampling: with the file cached by the first read, no later sample would show
     second = _sampled_past_the_switch(log)
     log.stop()
