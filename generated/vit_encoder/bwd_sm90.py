@@ -303,6 +303,8 @@ class FlashBwdSm90:
                     if m_max > m_min:
                         for w in cutlass.range_constexpr(2):
                             cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                # the next block's turn counter as last read (lane 0; -1: not read, poll), see the pass below
+                seen = Int32(-1)
                 for i in cutlass.range(m_max - m_min, unroll=1):
                     m_block = m_min + i
                     for w in cutlass.range_constexpr(2):
@@ -319,7 +321,8 @@ class FlashBwdSm90:
                             sem = bwd.element_ptr(mSemQ, (batch, head, m_block))
                             turn = n_end - 1 - n_block
                             if cute.arch.lane_idx() == 0:
-                                bwd.wait_turn(sem, turn)
+                                if seen != turn:
+                                    bwd.wait_turn(sem, turn)
                             cute.arch.sync_warp()
                         cute.arch.barrier(barrier_id=DQ_FULL_BARRIER + w, number_of_threads=DQ_HANDOFF)
                         # (not `chunk`: with a chunked mask that is the chunk size)
@@ -341,6 +344,13 @@ class FlashBwdSm90:
                             for w in cutlass.range_constexpr(2):
                                 cute.arch.cp_async_bulk_wait_group(1 - w, read=True)
                                 cute.arch.barrier_arrive(barrier_id=DQ_EMPTY_BARRIER + w, number_of_threads=DQ_HANDOFF)
+                    # the next block's counter, read (relaxed) before waiting for these adds to land, so its round
+                    # trip overlaps theirs: when it already shows that block's turn, the pass's fence (acq_rel) makes
+                    # the read an acquire and that block issues its adds without a poll; otherwise it polls
+                    if m_block + 1 < m_max:
+                        sem_next = bwd.element_ptr(mSemQ, (batch, head, m_block + 1))
+                        if cute.arch.lane_idx() == 0:
+                            seen = bwd.peek_turn(sem_next)
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     if cute.arch.lane_idx() == 0:
                         bwd.pass_turn(sem)
