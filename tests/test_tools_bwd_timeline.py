@@ -34,6 +34,31 @@ def _row(sm, entry, consumers, kv, blocks, epilogue, entry_ns, end_ns, drained=-
             dq_landed]
 
 
+def test_the_sampled_block_intervals():
+    """The sampled block's intervals at 2 cycles per ns (2000 per µs): each read only where the kernel wrote both of
+    its points, the dQ warp's tile0 from the block's top where the kernel has no turn point (-1)."""
+    det = [-1] * 27
+    for col, v in ((tool.T_S_BLOCK, 10000), (tool.T_S_Q, 10200), (tool.T_S_DO, 10600), (tool.T_S_EMPTY, 13000),
+                   (tool.T_S_EMPTIED, 15000), (tool.T_S_END, 16000), (tool.T_D_TOP, 9000), (tool.T_D_TURN, 11000),
+                   (tool.T_D_FULL0, 15000), (tool.T_D_FULL1, 15400), (tool.T_D_READ, 16400), (tool.T_D_LAND, 18400),
+                   (tool.T_D_PASS, 19400)):
+        det[col] = v
+    plain = [-1] * 27  # a default kernel's dQ warp: no turn, no landing or pass per block
+    for col, v in ((tool.T_D_TOP, 1000), (tool.T_D_FULL0, 5000), (tool.T_D_FULL1, 7000)):
+        plain[col] = v
+    out = tool.sampled_block([det, plain], cycles_per_ns=2.0)
+    us = {k: v["median_us"] for k, v in out.items()}
+    assert us["q_wait"] == pytest.approx(0.1) and us["do_wait"] == pytest.approx(0.2)
+    assert us["work"] == pytest.approx(1.2) and us["handoff"] == pytest.approx(1.0) and us["after"] == pytest.approx(0.5)
+    assert us["block"] == pytest.approx(3.0) and us["turn"] == pytest.approx(1.0)
+    assert out["tile0"]["rows"] == 2 and sorted([out["tile0"]["median_us"], out["tile0"]["mean_us"]]) == \
+        pytest.approx([2.0, 2.0])  # (15000 - 11000) / 2000 and (5000 - 1000) / 2000
+    assert out["tile1"]["rows"] == 2 and out["tile1"]["mean_us"] == pytest.approx((0.2 + 1.0) / 2)
+    assert out["land"]["rows"] == out["pass"]["rows"] == out["cycle"]["rows"] == 1
+    assert us["land"] == pytest.approx(1.0) and us["pass"] == pytest.approx(0.5) and us["cycle"] == pytest.approx(5.2)
+    assert tool.sampled_block([[-1] * 27], 2.0) == {}
+
+
 def test_phases_and_the_gaps_between_ctas_on_one_sm():
     # SM 3 runs two CTAs (clock in cycles, 2 cycles per ns), SM 5 one; listed out of order
     rows = [
@@ -134,12 +159,12 @@ def test_the_traced_launch_matches_the_traced_kernels_signature(mask, grid, pers
     call(pkg, op.bwd_plans["sm90"], grad=True)
     (args,) = [a for m, a in launched if m == plan.module]
     fakes = fake_arguments(op.dir, plan.module)
-    check_signature(tool.with_trace(args, torch.full((24, 14), -1, dtype=torch.int64)), fakes,
+    check_signature(tool.with_trace(args, torch.full((24, 27), -1, dtype=torch.int64)), fakes,
                     f"{plan.module} traced")
     with pytest.raises(AssertionError, match="arguments launched"):
         check_signature(args, fakes, plan.module)
     source = (op.dir / f"{plan.module}.py").read_text()
-    assert "TRACE_EVENTS = 14" in source and source.count("trace.record(") >= 9
+    assert "TRACE_EVENTS = 27" in source and source.count("trace.record(") >= 9
     # the producer's two points: the tile's loads started, the K / V stage held
     assert "T_P_TILE, trace.clock64()" in source and "T_P_KV, trace.clock64()" in source
     # the dQ warp's two points (every d128 MHA backward without determinism has one)
@@ -166,7 +191,7 @@ def test_the_deterministic_192x128_backward_traces_too(mask, tmp_path, monkeypat
     launched = capture(op, monkeypatch, "sm90")
     call(pkg, op.bwd_plans["sm90"], grad=True)
     (args,) = [a for m, a in launched if m == plan.module]
-    check_signature(tool.with_trace(args, torch.full((24, 14), -1, dtype=torch.int64)),
+    check_signature(tool.with_trace(args, torch.full((24, 27), -1, dtype=torch.int64)),
                     fake_arguments(op.dir, plan.module), f"{plan.module} traced")
     source = (op.dir / f"{plan.module}.py").read_text()
     assert "T_DQ_ISSUED, trace.clock64()" in source and "bwd.pass_turn(sem)" in source
@@ -197,7 +222,7 @@ def test_grid_and_persistent_exclude_each_other(tmp_path):
 @pytest.mark.parametrize(("mask", "persistent"), [("none", False), ("causal", False), ("causal", True)])
 def test_the_traced_backward_compiles_without_spills(mask, persistent, tmp_path):
     """sm_90a on the CPU: the timestamps are read (%globaltimer twice, %clock64 nine times, eleven with the staged
-    epilogue) and the traced kernel holds no LDL/STL, so the trace does not move what it measures by spilling (the
+    epilogue, and the sampled block's points) and the traced kernel holds no LDL/STL, so the trace does not move what it measures by spilling (the
     producer's and the dQ warp's two points each included, in their 24 registers)."""
     pytest.importorskip("cutlass")
     from fa4gen.compile.generated import compile_generated

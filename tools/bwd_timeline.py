@@ -23,7 +23,8 @@ view of the K / V load (its first thread's %clock64 as it starts a tile's loads 
 and the dQ warp's (its %clock64 once it issued the tile's last dQ bulk reduce and once they all landed):
   dq_land      that last reduce issued -> the tile's reduces landed
   kv_after_dq  that last reduce issued -> the producer holding the next tile's K / V stage (persistent, one stage)
-and, for persistent kernels, the phases by round (`--rounds`: the r-th tile each SM ran), since the first rounds run
+and one sampled query block per CTA (the middle of its walk): the consumers' waits in it and the dQ warp's steps
+(SAMPLED below), and, for persistent kernels, the phases by round (`--rounds`: the r-th tile each SM ran), since the first rounds run
 with every CTA loading and storing at once.
 
 The traced build is rendered with `fa4gen.render.render_package(..., trace={module})` into a scratch package:
@@ -56,7 +57,8 @@ from cta_cost import HIDDEN, TOKENS, work  # noqa: E402  (the grid cell: its sha
 
 # the trace columns (templates/sm90/bwd.py.j2's T_* constants)
 (T_SM, T_ENTRY, T_CONSUMERS, T_KV, T_BLOCKS, T_EPILOGUE, T_ENTRY_NS, T_END_NS, T_DRAINED, T_STAGED, T_P_TILE,
- T_P_KV, T_DQ_ISSUED, T_DQ_LANDED) = range(14)
+ T_P_KV, T_DQ_ISSUED, T_DQ_LANDED, T_S_BLOCK, T_S_Q, T_S_DO, T_S_EMPTY, T_S_EMPTIED, T_S_END, T_D_TOP, T_D_TURN,
+ T_D_FULL0, T_D_FULL1, T_D_READ, T_D_LAND, T_D_PASS) = range(27)
 REQUIRED = 8  # columns every traced kernel writes; T_DRAINED / T_STAGED only where the epilogue has those points
 PHASES = ("prologue", "kv_wait", "blocks", "epilogue", "gap")
 EPILOGUE_PARTS = ("drain", "stage", "store")  # the staged epilogue's parts (their sum is its epilogue)
@@ -167,6 +169,38 @@ def phases(rows: list[list[int]], kv_stages: int = 1, staged: bool = False, pers
     return {"cycles": out, "cycles_per_ns": cycles / ns if ns > 0 else float("nan"), "sms": len(by_sm),
             "span_ns": max(r[T_END_NS] for r in rows) - min(r[T_ENTRY_NS] for r in rows),
             "busy_ns": sum(r[T_END_NS] - r[T_ENTRY_NS] for r in rows)}
+
+
+# one sampled query block per CTA (the middle of its walk; the template's sample_at points): intervals between two
+# columns, each read where the kernel wrote both. The consumers' first thread (warpgroup 0):
+#   q_wait / do_wait   its Q / dO stage waits; work: from there to its dQ hand-off; handoff: the wait for the dQ
+#   buffer (or, deterministic with dQ from registers, the turn warp's go); after: the hand-off to the block's end
+# the dQ warp's first thread:
+#   turn       the block's top -> past its turn (deterministic: a poll, or none when the peek saw it)
+#   tile0      past the turn (else the top) -> warpgroup 0's tile in its buffer; tile1: -> warpgroup 1's
+#   read       -> the adds issued and the buffers released (read out); land: -> the adds landed; pass: -> turn passed
+#   cycle      the block's top -> past its pass (deterministic: the dQ warp's serial path for the block)
+SAMPLED = (("q_wait", T_S_BLOCK, T_S_Q), ("do_wait", T_S_Q, T_S_DO), ("work", T_S_DO, T_S_EMPTY),
+           ("handoff", T_S_EMPTY, T_S_EMPTIED), ("after", T_S_EMPTIED, T_S_END), ("block", T_S_BLOCK, T_S_END),
+           ("turn", T_D_TOP, T_D_TURN), ("tile0", T_D_TURN, T_D_FULL0), ("tile1", T_D_FULL0, T_D_FULL1),
+           ("read", T_D_FULL1, T_D_READ), ("land", T_D_READ, T_D_LAND), ("pass", T_D_LAND, T_D_PASS),
+           ("cycle", T_D_TOP, T_D_PASS))
+
+
+def sampled_block(rows: list[list[int]], cycles_per_ns: float) -> dict:
+    """Median / mean µs of each SAMPLED interval over the rows that wrote both of its points (tile0 from the
+    block's top where a kernel has no turn point)."""
+    rate = cycles_per_ns * 1e3
+    out = {}
+    for name, a, b in SAMPLED:
+        values = []
+        for r in rows:
+            start = r[a] if r[a] >= 0 or a != T_D_TURN else r[T_D_TOP]
+            if start >= 0 and r[b] >= 0:
+                values.append((r[b] - start) / rate)
+        if values:
+            out[name] = {"median_us": statistics.median(values), "mean_us": statistics.fmean(values), "rows": len(values)}
+    return out
 
 
 def by_round(rows: list[list[int]], rounds: list[int], cycles_per_ns: float) -> dict:
@@ -289,7 +323,8 @@ def main(argv=None) -> int:
         summ = summary(p, blocks)
         rounds = by_round(rows, [int(x) for x in args.rounds.split(",") if x], p["cycles_per_ns"]) \
             if plan.scheduler == "persistent" else {}
-        report["cells"][s] = {"summary": summ, "rounds": rounds, "rows": rows}
+        sampled = sampled_block(rows, p["cycles_per_ns"])
+        report["cells"][s] = {"summary": summ, "rounds": rounds, "sampled": sampled, "rows": rows}
         cells = " | ".join(f"{summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f} ({summ[n]['share']:.0%})"
                            if n in summ else "-" for n in PHASES)
         print(f"| {s} | {len(rows)} | {blocks:.1f} | {cells} | {summ['per_block_us']:.2f} | {summ['busy_share']:.1%} "
@@ -300,6 +335,9 @@ def main(argv=None) -> int:
         if "kv_issue" in summ:
             print(f"  s{s} K / V from the producer (median / mean µs): " + ", ".join(
                 f"{n} {summ[n]['median_us']:.2f} / {summ[n]['mean_us']:.2f}" for n in PRODUCER_PARTS if n in summ))
+        if sampled:
+            print(f"  s{s} sampled block (median / mean µs): " + ", ".join(
+                f"{n} {v['median_us']:.2f} / {v['mean_us']:.2f}" for n, v in sampled.items()))
         if rounds:
             print(f"  s{s} by round (medians, µs; kv_wait / kv_issue / epilogue): " + ", ".join(
                 f"{k}: {v['kv_wait_us']:.2f} / {v['kv_issue_us']:.2f} / {v['epilogue_us']:.2f}" for k, v in rounds.items()))

@@ -25,7 +25,7 @@ from fa4gen.spec import AttentionSpec, spec_digest
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 # columns of a traced kernel's trace tensor (templates/sm90/bwd.py.j2 T_*; tools/bwd_timeline.py reads them)
-TRACE_EVENTS = 14
+TRACE_EVENTS = 27
 IDENTIFIER_FIELDS = ("name", "module", "class_name", "cutlass_dtype", "torch_dtype", "cute_arch", "arch")
 
 
