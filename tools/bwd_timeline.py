@@ -23,9 +23,9 @@ view of the K / V load (its first thread's %clock64 as it starts a tile's loads 
 and the dQ warp's (its %clock64 once it issued the tile's last dQ bulk reduce and once they all landed):
   dq_land      that last reduce issued -> the tile's reduces landed
   kv_after_dq  that last reduce issued -> the producer holding the next tile's K / V stage (persistent, one stage)
-and one sampled query block per CTA (the middle of its walk): the consumers' waits in it and the dQ warp's steps
-(SAMPLED below), and, for persistent kernels, the phases by round (`--rounds`: the r-th tile each SM ran), since the first rounds run
-with every CTA loading and storing at once.
+and one sampled query block per CTA (the middle of its walk; one-CTA-per-tile kernels, the head loop's last head):
+the consumers' waits in it and the dQ warp's steps (SAMPLED below), and, for persistent kernels, the phases by round
+(`--rounds`: the r-th tile each SM ran), since the first rounds run with every CTA loading and storing at once.
 
 The traced build is rendered with `fa4gen.render.render_package(..., trace={module})` into a scratch package:
 the kernel takes one more tensor (fa4gen/device/trace.py), nothing else changes; the packages users build are
@@ -199,7 +199,8 @@ def sampled_block(rows: list[list[int]], cycles_per_ns: float) -> dict:
             if start >= 0 and r[b] >= 0:
                 values.append((r[b] - start) / rate)
         if values:
-            out[name] = {"median_us": statistics.median(values), "mean_us": statistics.fmean(values), "rows": len(values)}
+            out[name] = {"median_us": statistics.median(values), "mean_us": statistics.fmean(values),
+                         "rows": len(values)}
     return out
 
 
