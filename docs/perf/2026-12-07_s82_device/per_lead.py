@@ -3,22 +3,15 @@ CTA (same batch / head; the one whose turn this CTA waits for) started its block
 python3 docs/perf/2026-12-07_s82_device/per_lead.py ref|p1|p2 SEQLEN [causal|none]"""
 import json,gzip,math,sys,statistics as st
 sys.path.insert(0,'.')
-from fa4gen.emulate.tiling import m_block_range
+sys.path.insert(0,'docs/perf/2026-12-07_s82_device')
+from grid_rows import det_group, query_blocks
 S=int(sys.argv[2]); tree=sys.argv[1]; mask=sys.argv[3] if len(sys.argv)>3 else 'causal'
 causal=mask=='causal'
 r=json.load(gzip.open(f'docs/perf/2026-12-07_s82_device/tl_{tree}/timeline_d192x128_{mask}_det.json.gz'))
 c=r['cells'][str(S)]; rows=c['rows']; ghz=c['summary']['clock_ghz']
-num_n=math.ceil(S/96); hb=(16384//S)*10
-def grp(limit):
-    g=1
-    for k in range(1,5):
-        sz=1<<k
-        if limit>=sz and hb%sz==0: g=max(g,sz)
-    return g
-g=grp(min(max((50*1024*1024//1408)//S,1),16))
-def nq(n):
-    if not causal: return math.ceil(S/64)
-    lo,hi=m_block_range(n,96,64,S,S,-1,-1,0,causal=True,local=False,chunked=False); return hi-lo
+num_n=math.ceil(S/96)
+g=det_group(S)
+def nq(n): return query_blocks(n,S,causal)
 cta={}
 for i,row in enumerate(rows):
     y=(i//g)%num_n; n=num_n-1-y; p=(i%g)+g*(i//(g*num_n))

@@ -2,22 +2,14 @@
 Run from the repo root: python3 docs/perf/2026-12-07_s81_device/call3_timelines/per_key_block.py SEQLEN causal|none"""
 import json, gzip, statistics as st, math, sys
 sys.path.insert(0,'.')
-from fa4gen.emulate.tiling import m_block_range
+sys.path.insert(0,'docs/perf/2026-12-07_s82_device')
+from grid_rows import pair_group, det_group, query_blocks as nq
 D='docs/perf/2026-12-07_s81_device/call3_timelines/'
 def load(name): return json.load(gzip.open(D+name+'.json.gz'))
-def nq(n,S,causal):
-    if not causal: return math.ceil(S/64)
-    lo,hi=m_block_range(n,96,64,S,S,-1,-1,0,causal=True,local=False,chunked=False); return hi-lo
 S=int(sys.argv[1]); mask=sys.argv[2]; causal = mask=='causal'
-num_n=math.ceil(S/96); hb=(16384//S)*10
-def grp(limit):
-    g=1
-    for k in range(1,5):
-        sz=1<<k
-        if limit>=sz and hb%sz==0: g=max(g,sz)
-    return g
-gdet=grp(min(max((50*1024*1024//1408)//S,1),16))
-gdef=grp(max(186//num_n,1)) if causal else None
+num_n=math.ceil(S/96)
+gdet=det_group(S)
+gdef=pair_group(S,max(186//num_n,1)) if causal else None
 res={}
 for det,g,rev in (('_det',gdet,True),('',gdef,False)):
     r=load(f'timeline_d192x128_{mask}{det}'); c=r['cells'][str(S)]; rows=c['rows']; ghz=c['summary']['clock_ghz']
