@@ -24,6 +24,17 @@ def test_det_kernel_order_never_deadlocks_and_costs_time(sim, causal, sms):
     assert det >= free - 1e-9
 
 
+@pytest.mark.parametrize("sms", [1, 2, 5, 40])
+def test_det_first_to_last_tail_never_deadlocks(sim, sms):
+    """det_tail's order: the last group first to last, launched key block 0 first, beside groups last to first;
+    non-square causal tiles (key block n from query block 3n // 2, as 64 x 96)."""
+    first = lambda n: 3 * n // 2  # noqa: E731
+    for tail in (0, 1, 2):
+        t = sim.det_time(6, 4, 2, True, "rev", sms=sms, M=9, first=first, tail_groups=tail)
+        free = sim.det_time(6, 4, 2, True, "rev", det=False, sms=sms, M=9, first=first, tail_groups=tail)
+        assert t is not None and t >= free - 1e-9  # the same launch order without the turns
+
+
 def test_det_forward_dependencies_need_the_whole_head_resident(sim):
     # causal key block 0 first: its turn waits on key block 1, launched later; with fewer SMs than a
     # head's key blocks, every resident CTA waits on one that cannot start

@@ -9,6 +9,11 @@ groups of `group`), `lpt` (causal: key block 0 first, which needs a whole group'
 `rot` (no mask: CTA n visits query block (t - n) mod N at step t). Prints the non-deterministic
 time divided by each order's deterministic time.
 
+`det_tail`: the same model at the FA grid's deterministic causal shapes ((192, 128) on 64 x 96 tiles, d128 on
+64 x 128; s2k / s8k; the kernel's pair groups), `rev` with the grid's last group last to first (the kernel until
+session 83) or first to last, launched key block 0 first (docs/patches 0001 of session 83); prints the balanced work
+over `sms` divided by the makespan.
+
 `varlen`: the varlen forward's query tiles over packed sequences of random lengths, in grid order
 onto `sms` SMs; a tile's work is its key blocks (causal: up to its diagonal) plus `prologue`.
 Orders: `current` (the kernel's: sequence by sequence, each longest-first, head-major), `global`
@@ -59,7 +64,7 @@ count (when n is a multiple of the tiles per sequence, a CTA meets the same quer
 API's n (fa4gen.api.runtime.spread_ctas: the largest count coprime to them), and the time saved against the kernel
 without the skip.
 
-Run: `python3 tools/sim_schedules.py det`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window`,
+Run: `python3 tools/sim_schedules.py det`, `... det_tail`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window`,
 `... idle` or `... bwd_causal` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
 """
 
@@ -69,24 +74,33 @@ import random
 import statistics
 
 
-def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.55, jitter=0.0, rng=None):
-    """Time until every key-block CTA of `hb` (head, batch) pairs with N key and N query blocks is done."""
+def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.55, jitter=0.0, rng=None,
+             M=None, first=None, tail_groups=0):
+    """Time until every key-block CTA of `hb` (head, batch) pairs with N key and N query blocks is done. Causal
+    with M query blocks and key block n's first query block `first(n)` (default: M = N, first(n) = n), and with
+    order "rev", `tail_groups` > 0: the last that many groups add first to last, launched in that order (key block
+    0 first: docs/patches of session 83, fa4gen.device.schedule.det_tail_ascending)."""
+    M = N if M is None else M
+    first = (lambda n: n) if first is None else first
+    groups = hb // group
+    up = lambda pair: order == "rev" and pair // group >= groups - tail_groups  # noqa: E731
     ctas = []
-    for g in range(hb // group):
+    for g in range(groups):
         for y in range(N):
             for x in range(group):
-                n = N - 1 - y if order == "rev" else y
+                n = N - 1 - y if order == "rev" and not up(g * group) else y
                 if causal:
-                    ms = list(range(n, N))
+                    ms = list(range(first(n), M))
                 elif order == "rot":
                     ms = [(t - n) % N for t in range(N)]
                 else:
                     ms = list(range(N))
                 ctas.append((g * group + x, n, ms))
+    last_key = {m: max(n for n in range(N) if first(n) <= m) for m in range(M)} if causal else {}
 
-    def rank(n, m):  # position of key block n in query block m's add order
+    def rank(pair, n, m):  # position of key block n in query block m's add order
         if causal:
-            return m - n
+            return n if up(pair) else last_key[m] - n
         if order == "rot":
             return (m + n) % N
         return N - 1 - n
@@ -100,7 +114,7 @@ def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.5
         if pos[i] == len(ms):
             heapq.heappush(events, (t, 1, i))
             return
-        cost = diag if causal and ms[pos[i]] == n else 1.0
+        cost = diag if causal and ms[pos[i]] == first(n) else 1.0
         if jitter:
             cost *= rng.uniform(1 - jitter, 1 + jitter)
         heapq.heappush(events, (t + cost, 0, i))
@@ -113,7 +127,7 @@ def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.5
 
     def add(i, t):
         pair, n, ms = ctas[i]
-        key = (pair, ms[pos[i]], rank(n, ms[pos[i]]) if det else 0)
+        key = (pair, ms[pos[i]], rank(pair, n, ms[pos[i]]) if det else 0)
         done[key] = t
         pos[i] += 1
         step(i, t)
@@ -129,7 +143,7 @@ def det_time(N, hb, group, causal, order, delta=0.4, sms=132, det=True, diag=0.5
             launch(t)
             continue
         pair, n, ms = ctas[i]
-        r = rank(n, ms[pos[i]]) if det else 0
+        r = rank(pair, n, ms[pos[i]]) if det else 0
         if r > 0:
             before = done.get((pair, ms[pos[i]], r - 1))
             if before is None:
@@ -377,7 +391,8 @@ def idle_loads(seqlen, n, c1, c2, skip=True, tile=192, tokens=16384, heads=32):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("which", choices=["det", "varlen", "persistent", "paired", "groups", "window", "idle", "bwd_causal"])
+    ap.add_argument("which", choices=["det", "det_tail", "varlen", "persistent", "paired", "groups", "window", "idle",
+                                      "bwd_causal"])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--trials", type=int, default=20)
     args = ap.parse_args(argv)
@@ -394,6 +409,23 @@ def main(argv=None) -> int:
                         cells.append(f"group {group}: {base / t:.3f}")
                     print(f"det jitter {jitter} {'causal' if causal else 'no mask'} s{seqlen}: "
                           f"non-det / det (order rev) " + ", ".join(cells))
+    elif args.which == "det_tail":
+        rng = random.Random(1)
+        # the FA grid's deterministic causal shapes (16k tokens; (192, 128): 10 heads, 64 x 96 tiles; d128: 16 heads,
+        # 64 x 128), the pairs in the groups the kernel's pow2_group of the L2 fit makes
+        for seqlen, hb, group, tile_n in ((2048, 80, 16, 96), (8192, 20, 4, 96), (2048, 128, 16, 128), (8192, 32, 4, 128)):
+            m_blocks, n_blocks = seqlen // 64, -(-seqlen // tile_n)
+            first = lambda n, tile_n=tile_n: n * tile_n // 64  # noqa: E731
+            work = sum(m_blocks - first(n) for n in range(n_blocks)) * hb
+            cells = []
+            for tail in (0, 1):
+                for jitter in (0.0, 0.2):
+                    t = det_time(n_blocks, hb, group, True, "rev", sms=args.sms, jitter=jitter, rng=rng, M=m_blocks,
+                                 first=first, tail_groups=tail)
+                    cells.append(f"{'first to last' if tail else 'last to first'} jitter {jitter}: "
+                                 f"{work / args.sms / t:.3f}")
+            print(f"det_tail causal s{seqlen} pairs {hb} group {group} tile_n {tile_n}, the last group "
+                  "(balanced work / makespan): " + "; ".join(cells))
     elif args.which == "paired":
         for d in (64, 128):
             rows = []

@@ -15,18 +15,15 @@ old = "    cute.arch.fence_acq_rel_gpu()\n    cute.arch.red(counter, Int32(count
 assert s.count(old) == 1, "pass_turn changed: update the diagnostic"
 open(p, "w").write(s.replace(old, "    cute.arch.red(counter, Int32(count)"))
 PY
-tl() {  # side mask seqlens [--deterministic]
-  local side=$1 mask=$2 s=$3; shift 3
-  local script=tools/bwd_timeline.py; [[ $side != main ]] && script=.ab/$side/tools/bwd_timeline.py
-  mkdir -p $OUT/tl_$side
-  FA4GEN_CACHE_DIR=/tmp/tl_$side timeout 80 python3 $script --head-dim 192 --head-dim-v 128 --mask $mask "$@" \
-    --seqlens $s --out $OUT/tl_$side > $OUT/tl_$side/log_${mask}_${s}_${1:+det}.txt 2>&1
-  echo "rc=$?" >> $OUT/tl_$side/log_${mask}_${s}_${1:+det}.txt
-  grep -v Warning $OUT/tl_$side/log_${mask}_${s}_${1:+det}.txt | grep "^| [0-9]\|sampled\|rc=[1-9]\|Error" | tail -4 | sed "s/^/$side $mask $s $1: /"
-}
-tl diag causal 2048 --deterministic
-tl main causal 2048 --deterministic
-tl diag none 8192 --deterministic
-tl main none 8192
+# each run: the table row and the sampled-block line; the log in $OUT/tl_TREE, its timeline JSON beside it
+for run in "diag causal --deterministic" "main causal --deterministic" "diag none --deterministic" "main none"; do
+  set -- $run
+  script=tools/bwd_timeline.py; [[ $1 == diag ]] && script=.ab/diag/tools/bwd_timeline.py
+  seq=2048; [[ $2 == none ]] && seq=8192
+  mkdir -p $OUT/tl_$1; log=$OUT/tl_$1/log_$2_${seq}${3:+_det}.txt
+  FA4GEN_CACHE_DIR=/tmp/tl_$1 timeout 80 python3 $script --head-dim 192 --head-dim-v 128 --mask $2 $3 --seqlens $seq \
+    --out $OUT/tl_$1 > $log 2>&1; echo "rc=$?" >> $log
+  grep "^| [0-9]\|sampled\|rc=[1-9]\|Error" $log | sed "s/^/$run: /"
+done
 # the device returns at most 8 files: the logs and timelines in one archive
 tar czf $OUT/tl.tgz -C $OUT tl_diag tl_main && rm -rf $OUT/tl_diag $OUT/tl_main
