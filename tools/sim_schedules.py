@@ -64,8 +64,8 @@ count (when n is a multiple of the tiles per sequence, a CTA meets the same quer
 API's n (fa4gen.api.runtime.spread_ctas: the largest count coprime to them), and the time saved against the kernel
 without the skip.
 
-Run: `python3 tools/sim_schedules.py det`, `... det_tail`, `... varlen`, `... persistent`, `... paired`, `... groups`, `... window`,
-`... idle` or `... bwd_causal` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
+Run: `python3 tools/sim_schedules.py det`, `... det_tail`, `... varlen`, `... persistent`, `... paired`, `... groups`,
+`... window`, `... idle` or `... bwd_causal` (docs/STATUS.md, sessions 11, 14, 39, 55 and 57, quote their output).
 """
 
 import argparse
@@ -413,7 +413,8 @@ def main(argv=None) -> int:
         rng = random.Random(1)
         # the FA grid's deterministic causal shapes (16k tokens; (192, 128): 10 heads, 64 x 96 tiles; d128: 16 heads,
         # 64 x 128), the pairs in the groups the kernel's pow2_group of the L2 fit makes
-        for seqlen, hb, group, tile_n in ((2048, 80, 16, 96), (8192, 20, 4, 96), (2048, 128, 16, 128), (8192, 32, 4, 128)):
+        shapes = ((2048, 80, 16, 96), (8192, 20, 4, 96), (2048, 128, 16, 128), (8192, 32, 4, 128))
+        for seqlen, hb, group, tile_n in shapes:
             m_blocks, n_blocks = seqlen // 64, -(-seqlen // tile_n)
             first = lambda n, tile_n=tile_n: n * tile_n // 64  # noqa: E731
             work = sum(m_blocks - first(n) for n in range(n_blocks)) * hb
