@@ -2,7 +2,7 @@
 # s83's plan for the next session's first call, with docs/patches 0001 (the causal deterministic grid's last group first
 # to last) applied in the checkout and main in .ab/ref: here `git checkout -b p1 && git am -3 docs/patches/0001-*.patch
 # && fa4gen build specs/ && tools/ab_bench.sh prepare main && tools/device_trim.sh out tests/test_gpu_backward.py`,
-# then run with carry [".device", ".ab"] (~300 s). It does call3_planned.sh's fence diagnostic on main's code (.ab/diag:
+# then run with carry [".device", ".ab"] (~300 s). It runs the fence diagnostic on main's code (.ab/diag:
 # .ab/ref with bwd.pass_turn's fence dropped, never to land) and the patch's timeline and GPU tests; the A/B
 # (docs/patches/README.md) is the next call.
 source tools/device_env.sh
