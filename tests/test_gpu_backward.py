@@ -321,6 +321,45 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
         assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
 
 
+@pytest.mark.parametrize("name, shape", [
+    ("gb_bf16_d192_128_causal_det_mha", (2, 2048, 2048, 16, 16)),  # the dQ warp's hand-off, 64 x 96 tiles
+    ("gb_bf16_d192_128_causal_det_mha", (2, 1900, 2304, 16, 16)),  # more keys than queries, a partial query block
+    ("gb_bf16_d256_causal_det_gqa_dqatomic", (2, 1280, 1280, 16, 4)),  # the turn warp (two passes per key block)
+])
+def test_deterministic_causal_grid_with_its_last_group_first_to_last(name, shape):
+    """A causal deterministic grid large enough that its last group of pairs adds first to last
+    (schedule.det_tail_ascending: two or more groups, DET_TAIL_UP_CTAS CTAs or more in the last) while the
+    others add last to first: bitwise reproducible over 10 runs and within the budget of the fp32 reference.
+    The shape is checked to reach that path with the host's group arithmetic (the grid's pow2_group of the
+    pairs, at most the query rows' L2 fit and L2_MAX_GROUP)."""
+    from fa4gen.device import schedule
+
+    pkg, spec = _package(name), _resolved(name)
+    b, s_q, s_k, h, h_kv = shape
+    plan = next(p for p in pkg._forward.kernel_plans("sm90") if p["module"] == "bwd_sm90")
+    num_n = -(-s_k // plan["tile_n"])
+    d, dv, width = spec["head_dim"], spec.get("head_dim_v", spec["head_dim"]), 2  # both specs bf16
+    limit = min(max(schedule.L2_KV_BYTES // ((d + dv) * width + d * 4) // s_q, 1), schedule.L2_MAX_GROUP)
+    pairs = b * h
+    group = max(g for g in (1, 2, 4, 8, 16) if g <= limit and pairs % g == 0)
+    assert pairs // group >= 2 and group * num_n >= schedule.DET_TAIL_UP_CTAS, (pairs, group, num_n)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    q, k, v = _inputs(spec, *shape, gen)
+    out = pkg.attention(q, k, v)
+    dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
+    runs = [torch.autograd.grad(out, [q, k, v], dout, retain_graph=True) for _ in range(10)]
+    torch.cuda.synchronize()
+    for i, grads in enumerate(runs[1:], 1):
+        for g_name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
+            assert torch.equal(first, again), f"{name}: {g_name} of run {i} differs from run 0"
+    sem = _semantics(spec, None, None)
+    ref = attention_ref_grads(q, k, v, dout, **sem)
+    low = attention_ref_grads(q, k, v, dout, upcast=False, **sem)
+    for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
+        err = (g.float() - r).abs().max().item()
+        assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
+
+
 # the persistent backwards (plan scheduler "persistent": MHA without a mask, or causal at head dims up to 64, Sᵀ,
 # neither deterministic nor varlen)
 PERSISTENT_SPECS = ["gb_bf16_d128_none_mha", "gb_fp16_d64_none_mha", "gb_bf16_d96_none_mha", "gb_fp16_d64_causal_mha"]

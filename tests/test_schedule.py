@@ -9,6 +9,8 @@ its shortest causal CTAs), partial last groups included.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pytestmark = pytest.mark.compile
@@ -45,6 +47,19 @@ def _check_fwd(num_m: int, num_hb: int, group: int):
         pairs = list(range(g0, min(g0 + group, num_hb)))
         block = seen[g0 * num_m: g0 * num_m + len(pairs) * num_m]
         assert block == [(m, hb) for m in reversed(range(num_m)) for hb in pairs], (num_m, num_hb, group, g0)
+
+
+def test_det_tail_ascending_rule():
+    """The deterministic causal grid's first-to-last groups (schedule.det_tail_ascending): the last of two or more
+    groups, when it holds DET_TAIL_UP_CTAS CTAs or more; the rule tests/test_det_schedule.py simulates."""
+    from test_det_schedule import tail_rule
+
+    def check():
+        for groups, group, num_n in itertools.product((1, 2, 3, 5), (1, 4, 16), (1, 15, 16, 17, 64, 86)):
+            for z in range(groups):
+                want = int(tail_rule(z, groups, group, num_n, schedule.DET_TAIL_UP_CTAS))
+                assert int(schedule.det_tail_ascending(z, groups, group, num_n)) == want, (z, groups, group, num_n)
+    trace_in_kernel(check, "sm_90a")
 
 
 def test_forward_longest_first_grouped_order():

@@ -257,6 +257,24 @@ def l2_group(seqlen_k: Int32, bytes_per_key: cutlass.Constexpr[int]) -> Int32:
     return cutlass.min(cutlass.max((L2_KV_BYTES // bytes_per_key) // seqlen_k, Int32(1)), Int32(L2_MAX_GROUP))
 
 
+# A deterministic causal backward's grid (groups of (head, batch) pairs, launched group after group) adds each query
+# block's dQ in a fixed key-block order. Last to first, its CTAs must launch shortest first (each waits only for CTAs
+# launched before it), which ends the grid on each pair's longest key block. The last group therefore adds first to
+# last and launches longest first, when there are two or more groups and the last holds this many CTAs or more: about
+# two waves of a 132-SM H100 / H200. With fewer, its CTAs run side by side and the first-to-last order's wavefront
+# (key block n starts its first query block once n - 1 has passed it) costs more than the tail it saves
+# (tests/test_det_schedule.py's step model; the same model has the tail 2-7% shorter from this size on).
+DET_TAIL_UP_CTAS = 256
+
+
+@cute.jit
+def det_tail_ascending(z: Int32, groups: Int32, group: Int32, num_n: Int32) -> Int32:
+    """1 when the CTAs of group `z` (of `groups`, each `group` pairs x `num_n` key blocks) add first to last: the
+    last group, with two or more groups and at least DET_TAIL_UP_CTAS CTAs in it; else 0. No branches."""
+    last = 1 - cutlass.min(groups - 1 - z, 1)
+    return cutlass.min(groups - 1, 1) * last * cutlass.min((group * num_n) // DET_TAIL_UP_CTAS, 1)
+
+
 @cute.jit
 def longest_first_grouped(tile: Int32, num_m: Int32, num_hb: Int32, group: Int32):
     """(m_block, hb) of linear CTA index `tile` of a masked forward: pairs in groups of `group`, inside a

@@ -719,6 +719,9 @@ def plan_backward(spec: AttentionSpec, *, allow_persistent: bool = True, masked_
         notes.append(
             "deterministic: each dQ tile (and, with GQA, each dK/dV tile) is added in a fixed order through a "
             "semaphore per tile, key blocks last to first"
+            + (" (first to last in the grid's last group of (head, batch) pairs when it is large enough, "
+               "fa4gen.device.schedule.det_tail_ascending: its CTAs then launch longest first)"
+               if spec.mask.kind == "causal" and not spec.varlen else "")
             + ("" if atomic else " (the first of them stores its dQ chunks, so the preprocess leaves the fp32 "
                "accumulator unzeroed and the postprocess gives the tiles no key block reaches dQ = 0)")
             + "; cost: a CTA waits for the key blocks after it on every query block — " + _det_cost(spec)
