@@ -295,6 +295,23 @@ def test_stride_zero_output_gradient_and_partial_requires_grad():
     assert err <= _budget(low, ref, 0.0), f"dq max error {err:.3g}"
 
 
+def _assert_repeated_and_close(name, spec, runs, q, k, v, dout, dlse=None):
+    """The deterministic backward's check: every run's (dq, dk, dv) bitwise equal to the first run's, and the
+    first within the fp32 reference's budget (`_budget`) for the same dout (and dlse, when the LSE is
+    differentiated)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    for i, grads in enumerate(runs[1:], 1):
+        for g_name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
+            assert torch.equal(first, again), f"{name}: {g_name} of run {i} differs from run 0"
+    sem = _semantics(spec, None, None)
+    ref = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
+    low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, **sem)
+    for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
+        err = (g.float() - r).abs().max().item()
+        assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
+
+
 @pytest.mark.parametrize("name, shape", [
     ("gb_bf16_d128_none_det_gqa", (2, 1000, 1000, 8, 2)),  # dQ and the GQA dK/dV through semaphores
     ("gb_bf16_d64_causal_softcap_det_mha", (2, 777, 1024, 4, 4)),  # dQ through semaphores
@@ -309,16 +326,7 @@ def test_deterministic_backward_is_bitwise_reproducible(name, shape):
     dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)
     runs = [torch.autograd.grad([out, lse], [q, k, v], [dout, dlse], retain_graph=True) for _ in range(10)]
-    torch.cuda.synchronize()
-    for i, grads in enumerate(runs[1:], 1):
-        for g_name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
-            assert torch.equal(first, again), f"{name}: {g_name} of run {i} differs from run 0"
-    sem = _semantics(spec, None, None)
-    ref = attention_ref_grads(q, k, v, dout, dlse=dlse, **sem)
-    low = attention_ref_grads(q, k, v, dout, dlse=dlse, upcast=False, **sem)
-    for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
-        err = (g.float() - r).abs().max().item()
-        assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
+    _assert_repeated_and_close(name, spec, runs, q, k, v, dout, dlse)
 
 
 @pytest.mark.parametrize("name, shape", [
@@ -348,16 +356,7 @@ def test_deterministic_causal_grid_with_its_last_group_first_to_last(name, shape
     out = pkg.attention(q, k, v)
     dout = torch.randn(out.shape, device="cuda", dtype=out.dtype, generator=gen)
     runs = [torch.autograd.grad(out, [q, k, v], dout, retain_graph=True) for _ in range(10)]
-    torch.cuda.synchronize()
-    for i, grads in enumerate(runs[1:], 1):
-        for g_name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
-            assert torch.equal(first, again), f"{name}: {g_name} of run {i} differs from run 0"
-    sem = _semantics(spec, None, None)
-    ref = attention_ref_grads(q, k, v, dout, **sem)
-    low = attention_ref_grads(q, k, v, dout, upcast=False, **sem)
-    for g_name, g, r, lo in zip(("dq", "dk", "dv"), runs[0], ref, low):
-        err = (g.float() - r).abs().max().item()
-        assert err <= _budget(lo, r, sem["softcap"]), f"{name}: {g_name} max error {err:.3g}"
+    _assert_repeated_and_close(name, spec, runs, q, k, v, dout)
 
 
 # the persistent backwards (plan scheduler "persistent": MHA without a mask, or causal at head dims up to 64, Sᵀ,
